@@ -1,0 +1,129 @@
+//! The command line: `tfinit [OPTIONS] -- COMMAND [ARGS...]` and the client subcommands.
+//!
+//! Every init setting is also a `TFINIT_*` environment variable; a flag wins over the variable.
+//! Values are taken as text here and validated in [`crate::config`], so that a bad value's error
+//! names where it came from (the variable or the flag), the value, and a good example.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// tfinit: PID 1 for containers of controllers that drive terraform.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tfinit",
+    version,
+    about = "PID 1 for containers of Kubernetes controllers that drive the terraform CLI",
+    long_about = "tfinit runs COMMAND (the controller) as PID 1's child: it reaps zombies, forwards \
+signals, and keeps terraform runs started through its `terraform` shim alive and stops them \
+gracefully inside the container's grace period.\n\nUsage as an entrypoint: tfinit [OPTIONS] -- COMMAND [ARGS...]",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// Init settings (each also an environment variable).
+    #[command(flatten)]
+    pub init: InitArgs,
+
+    /// A client subcommand, run inside a container whose PID 1 is tfinit.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// The controller to run, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub main: Vec<OsString>,
+}
+
+/// Settings of the init. Texts, validated by `config::InitConfig::from_args`.
+#[derive(Debug, Args, Default)]
+pub struct InitArgs {
+    /// Where forwarded signals go: `group` (the controller's process group) or `child`.
+    #[arg(long, env = "TFINIT_FORWARD", value_name = "group|child")]
+    pub forward: Option<String>,
+
+    /// Signal rewrites applied before forwarding, e.g. `TERM:INT,USR1:HUP`.
+    #[arg(long, env = "TFINIT_REWRITE", value_name = "FROM:TO,...")]
+    pub rewrite: Option<String>,
+
+    /// Budget from the first SIGTERM (or the controller's exit) to the hard kill. Match the pod's
+    /// terminationGracePeriodSeconds. Default 30s.
+    #[arg(long, env = "TFINIT_GRACE_PERIOD", value_name = "DURATION")]
+    pub grace_period: Option<String>,
+
+    /// How long before the deadline terraform runs get their one graceful SIGTERM; also how long an
+    /// abandoned run may take to stop before its group is SIGKILLed. Default 10s.
+    #[arg(long, env = "TFINIT_STOP_TIMEOUT", value_name = "DURATION")]
+    pub stop_timeout: Option<String>,
+
+    /// How long before the deadline everything left is SIGKILLed. Default 2s.
+    #[arg(long, env = "TFINIT_KILL_MARGIN", value_name = "DURATION")]
+    pub kill_margin: Option<String>,
+
+    /// Log level: error, warn, info, debug, trace. Default info.
+    #[arg(long = "log", env = "TFINIT_LOG", value_name = "LEVEL")]
+    pub log: Option<String>,
+
+    /// Log format on stderr: `text` or `json` (one object per line). Default text.
+    #[arg(long, env = "TFINIT_LOG_FORMAT", value_name = "text|json")]
+    pub log_format: Option<String>,
+
+    /// Directory of the init's control socket. Default $XDG_RUNTIME_DIR/tfinit or /tmp/tfinit-<uid>.
+    #[arg(long, env = "TFINIT_RUN_DIR", value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// Directory for lock-owner records and heartbeats (mount a volume). Default /var/lib/tfinit.
+    #[arg(long, env = "TFINIT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// This owner's name in lock-owner records. Default: the hostname (the pod name).
+    #[arg(long, env = "TFINIT_OWNER", value_name = "NAME")]
+    pub owner: Option<String>,
+
+    /// An owner whose heartbeat is older than this is dead. Default 30s.
+    #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION")]
+    pub owner_ttl: Option<String>,
+
+    /// `auto`: release a stale state lock provably held by a dead previous owner; `off`: never.
+    #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off")]
+    pub force_unlock: Option<String>,
+}
+
+/// Client subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run terraform through the init (what the `terraform` shim does): `tfinit terraform -- ARGS`.
+    Terraform {
+        /// terraform's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Run OpenTofu through the init: `tfinit tofu -- ARGS`.
+    Tofu {
+        /// tofu's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Print the init's phase and its terraform runs as JSON.
+    Status,
+    /// Refuse new terraform runs (what a preStop hook runs); --wait until none is in flight.
+    Drain {
+        /// Wait until no run is in flight.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this long (exit 1, listing the runs still going). Default: no limit.
+        #[arg(long, value_name = "DURATION")]
+        timeout: Option<String>,
+    },
+    /// Leave draining: accept terraform runs again.
+    Resume,
+    /// Release stale state locks of dead owners now, for every record in the state directory.
+    Recover {
+        /// Print what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// The real terraform binary (default: TFINIT_TERRAFORM or the next terraform on PATH).
+        #[arg(long, env = "TFINIT_TERRAFORM", value_name = "PATH")]
+        terraform: Option<PathBuf>,
+    },
+}

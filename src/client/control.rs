@@ -1,0 +1,233 @@
+//! `tfinit status`, `tfinit drain [--wait] [--timeout D]`, `tfinit resume`, `tfinit recover`.
+
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use super::{read_frame, write_frame};
+use crate::config;
+use crate::init::setup::socket_path;
+use crate::locks::recover::{self, Outcome, Recovery};
+use crate::locks::record::Store;
+use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
+
+/// Exit code when no init answers.
+pub const EXIT_NO_INIT: i32 = 3;
+
+/// Sends one control request and returns the init's reply.
+fn ask(request: Request) -> Result<Reply, String> {
+    let path = socket_path(&config::client_run_dir());
+    let mut sock = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "no tfinit init answers on {} ({e}): run this inside the container whose entrypoint is tfinit, with the same TFINIT_RUN_DIR",
+            path.display()
+        )
+    })?;
+    let body = serde_json::to_vec(&Envelope { v: protocol::VERSION, request }).map_err(|e| e.to_string())?;
+    write_frame(&mut sock, Kind::Request, &body).map_err(|e| format!("sending the request failed: {e}"))?;
+    let mut payload = Vec::new();
+    match read_frame(&mut sock, &mut payload) {
+        Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload).map_err(|e| format!("malformed reply from the init: {e}")),
+        Ok(Some(Kind::Exit)) => {
+            let note: protocol::ExitNote = serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
+            Err(note.error.unwrap_or_else(|| "the init refused the request".into()))
+        }
+        Ok(other) => Err(format!("unexpected answer from the init: {other:?}")),
+        Err(e) => Err(format!("reading the reply failed: {e}")),
+    }
+}
+
+fn print_status(status: &Status) {
+    match serde_json::to_string_pretty(status) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("tfinit: cannot format the status: {e}"),
+    }
+}
+
+fn simple(request: Request) -> i32 {
+    match ask(request) {
+        Ok(reply) => {
+            if let Some(s) = &reply.status {
+                print_status(s);
+            }
+            if let Some(e) = reply.error {
+                eprintln!("tfinit: {e}");
+            }
+            if reply.ok {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            EXIT_NO_INIT
+        }
+    }
+}
+
+/// `tfinit status`.
+pub fn status() -> i32 {
+    simple(Request::Status)
+}
+
+/// `tfinit resume`.
+pub fn resume() -> i32 {
+    simple(Request::Resume)
+}
+
+/// `tfinit drain [--wait] [--timeout D]`.
+pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
+    let timeout = match timeout.map(config::parse_duration) {
+        None => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => {
+            eprintln!("tfinit: invalid --timeout={:?}: {e}; for example --timeout=5m", timeout.unwrap_or_default());
+            return 2;
+        }
+    };
+    let reply = match ask(Request::Drain) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            return EXIT_NO_INIT;
+        }
+    };
+    if !wait {
+        if let Some(s) = &reply.status {
+            print_status(s);
+        }
+        return if reply.ok { 0 } else { 1 };
+    }
+    let start = Instant::now();
+    let mut last = reply.status;
+    loop {
+        if let Some(s) = &last {
+            if s.runs.is_empty() {
+                eprintln!("tfinit: drained: no terraform run in flight");
+                return 0;
+            }
+        }
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            let runs = last.map(|s| s.runs).unwrap_or_default();
+            eprintln!("tfinit: drain timed out after {}; {} run(s) still going:", config::fmt_duration(timeout.unwrap_or_default()), runs.len());
+            for r in runs {
+                eprintln!("  {} pid {} {} in {} ({})", r.id, r.pid, r.subcommand, r.cwd, if r.attached { "attached" } else { "abandoned" });
+            }
+            return 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        match ask(Request::Status) {
+            Ok(r) => last = r.status,
+            Err(e) => {
+                // The init is gone (the container stops): nothing is in flight any more.
+                eprintln!("tfinit: {e}");
+                return 0;
+            }
+        }
+    }
+}
+
+/// `tfinit recover [--dry-run]`: releases stale locks of dead owners for every record.
+pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) -> i32 {
+    let args = crate::cli::InitArgs {
+        state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
+        owner: std::env::var("TFINIT_OWNER").ok(),
+        owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
+        ..Default::default()
+    };
+    let cfg = match config::InitConfig::from_args(&args, None) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            return 2;
+        }
+    };
+    let terraform = match crate::terraform::find_real(
+        "terraform",
+        terraform_override.map(|p| p.as_os_str()),
+        std::env::var_os("PATH").as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            return 2;
+        }
+    };
+    let store = Store::new(&cfg.state_dir);
+    if !store.dir().is_dir() {
+        eprintln!("tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover", cfg.state_dir);
+        return 1;
+    }
+    let me = recover::current_owner(&store, &cfg.owner);
+    let recovery = Recovery { store, me, ttl: cfg.owner_ttl, terraform, dry_run };
+    let results = recovery.run(None);
+    if results.is_empty() {
+        println!("no lock-owner records in {}", cfg.state_dir.display());
+    }
+    let mut failed = false;
+    for (path, outcome) in &results {
+        let what = match outcome {
+            Outcome::OwnerAlive => "owner alive: left alone".to_string(),
+            Outcome::Elsewhere => continue,
+            Outcome::NothingToRelease(b) => format!("{b} backend: nothing to release; record removed"),
+            Outcome::Unsupported(b) => format!("{b} backend: not supported, release by hand; record set aside"),
+            Outcome::Free => "lock free; record removed".to_string(),
+            Outcome::Unlocked(i) => format!("{} lock {} (who {}, created {})", if dry_run { "would force-unlock" } else { "force-unlocked" }, i.id, i.who, i.created),
+            Outcome::HeldByOther(i) => format!("lock held by {} (not the dead owner): left alone; record removed", i.who),
+            Outcome::Unknown(m) => {
+                failed = true;
+                format!("could not read the lock: {m}")
+            }
+            Outcome::UnlockFailed(m) => {
+                failed = true;
+                format!("force-unlock failed: {m}")
+            }
+        };
+        println!("{}: {what}", path.display());
+    }
+    if failed {
+        1
+    } else {
+        0
+    }
+}
+
+/// The init's hidden recovery helper for one working directory (see `locks::recover`).
+pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
+    crate::logging::init_client_at(tracing::Level::INFO);
+    let mut workdir = None;
+    let mut terraform = None;
+    let mut state_dir = None;
+    let mut owner = None;
+    let mut ttl_ms = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().cloned();
+        match a.to_str() {
+            Some("--workdir") => workdir = v,
+            Some("--terraform") => terraform = v,
+            Some("--state-dir") => state_dir = v,
+            Some("--owner-json") => owner = v.and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok()),
+            Some("--ttl-ms") => ttl_ms = v.and_then(|s| s.to_string_lossy().parse::<u64>().ok()),
+            _ => {}
+        }
+    }
+    let (Some(workdir), Some(terraform), Some(state_dir), Some(me), Some(ttl_ms)) = (workdir, terraform, state_dir, owner, ttl_ms) else {
+        eprintln!("tfinit: {} is internal to tfinit and needs --workdir --terraform --state-dir --owner-json --ttl-ms", recover::HIDDEN_SUBCOMMAND);
+        return 2;
+    };
+    let recovery = Recovery {
+        store: Store::new(std::path::Path::new(&state_dir)),
+        me,
+        ttl: Duration::from_millis(ttl_ms),
+        terraform: terraform.into(),
+        dry_run: false,
+    };
+    let results = recovery.run(Some(std::path::Path::new(&workdir)));
+    let bad = results.iter().any(|(_, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
+    if bad {
+        1
+    } else {
+        0
+    }
+}

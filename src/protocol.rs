@@ -1,0 +1,333 @@
+//! The wire format between clients (the `terraform` shim, `tfinit status|drain|resume`) and the
+//! init, over a Unix stream socket. Documented in docs/protocol.md.
+//!
+//! A connection carries frames: one kind byte, a 4-byte big-endian payload length, the payload.
+//! The client's first frame is a `Request` (JSON with a version field `v`); the shim passes its
+//! stdin as an SCM_RIGHTS file descriptor alongside it. The init answers a run with `Stdout` and
+//! `Stderr` frames (raw bytes, in order within each stream) and one `Exit` frame (JSON); a control
+//! request with one `Reply` frame (JSON). A shim may send `Signal` frames (JSON) while it waits.
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this build speaks. A request with another version gets an error reply.
+pub const VERSION: u32 = 1;
+
+/// Largest payload accepted: requests carry argv and the environment (Linux caps both at ~2 MiB).
+pub const MAX_PAYLOAD: usize = 4 << 20;
+
+/// Largest data payload the init sends in one frame.
+pub const MAX_DATA: usize = 256 << 10;
+
+/// Frame header length.
+pub const HEADER: usize = 5;
+
+/// Exit code of the shim when the init refuses to start terraform because it is draining or
+/// shutting down (EX_TEMPFAIL: try again later; the controller's next reconcile does).
+pub const EXIT_REFUSED: i32 = 75;
+
+/// Exit code of the shim when the init failed it in some other way (bad request, init gone).
+pub const EXIT_INIT_ERROR: i32 = 125;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Client → init: the JSON request (first frame).
+    Request,
+    /// Client → init: the shim received a signal (JSON [`SignalNote`]).
+    Signal,
+    /// Init → client: terraform's stdout bytes.
+    Stdout,
+    /// Init → client: terraform's stderr bytes.
+    Stderr,
+    /// Init → client: how the run ended (JSON [`ExitNote`]); the last frame of a run.
+    Exit,
+    /// Init → client: the answer to a control request (JSON).
+    Reply,
+}
+
+impl Kind {
+    fn byte(self) -> u8 {
+        match self {
+            Kind::Request => b'R',
+            Kind::Signal => b'S',
+            Kind::Stdout => b'O',
+            Kind::Stderr => b'E',
+            Kind::Exit => b'X',
+            Kind::Reply => b'J',
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            b'R' => Kind::Request,
+            b'S' => Kind::Signal,
+            b'O' => Kind::Stdout,
+            b'E' => Kind::Stderr,
+            b'X' => Kind::Exit,
+            b'J' => Kind::Reply,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// What it carries.
+    pub kind: Kind,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+/// Why a byte stream is not a valid frame sequence.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The kind byte is unknown.
+    #[error("unknown frame kind byte 0x{0:02x} (is the peer a tfinit client of the same version?)")]
+    UnknownKind(u8),
+    /// The announced length is over the limit.
+    #[error("frame of {0} bytes is over the limit of {MAX_PAYLOAD} bytes")]
+    TooLarge(usize),
+}
+
+/// Appends one frame to `out`.
+pub fn encode(kind: Kind, payload: &[u8], out: &mut Vec<u8>) {
+    out.reserve(HEADER + payload.len());
+    out.push(kind.byte());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Encodes a JSON frame.
+pub fn encode_json<T: Serialize>(kind: Kind, value: &T, out: &mut Vec<u8>) {
+    // Serializing our own plain structs cannot fail; an empty object keeps the stream valid.
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    encode(kind, &body, out);
+}
+
+/// Checks a frame header: its kind and payload length.
+pub fn parse_header(h: [u8; HEADER]) -> Result<(Kind, usize), DecodeError> {
+    let kind = Kind::from_byte(h[0]).ok_or(DecodeError::UnknownKind(h[0]))?;
+    let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+    if len > MAX_PAYLOAD {
+        return Err(DecodeError::TooLarge(len));
+    }
+    Ok((kind, len))
+}
+
+/// Incremental frame decoder: push bytes as they arrive, take whole frames out.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Decoder {
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes received but not yet decoded.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next whole frame, if one has arrived. An error is final for the connection.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, DecodeError> {
+        let avail = &self.buf[self.start..];
+        if avail.is_empty() {
+            return Ok(None);
+        }
+        Kind::from_byte(avail[0]).ok_or(DecodeError::UnknownKind(avail[0]))?;
+        if avail.len() < HEADER {
+            return Ok(None);
+        }
+        let (kind, len) = parse_header([avail[0], avail[1], avail[2], avail[3], avail[4]])?;
+        if avail.len() < HEADER + len {
+            return Ok(None);
+        }
+        let payload = avail[HEADER..HEADER + len].to_vec();
+        self.start += HEADER + len;
+        if self.start > (1 << 20) && self.start * 2 > self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        Ok(Some(Frame { kind, payload }))
+    }
+}
+
+/// A client's request (the `Request` frame's JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Envelope {
+    /// Protocol version: [`VERSION`].
+    pub v: u32,
+    /// What is asked.
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+/// What a client asks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Start terraform as the init's child and relay it to this connection.
+    Run(RunRequest),
+    /// Report the phase and the runs.
+    Status,
+    /// Enter draining: refuse new runs.
+    Drain,
+    /// Leave draining.
+    Resume,
+}
+
+/// A terraform run as the shim saw it invoked.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunRequest {
+    /// Absolute path of the real terraform binary (resolved by the shim).
+    pub program: String,
+    /// The argv[0] the shim was invoked with (kept for terraform).
+    pub argv0: String,
+    /// Arguments after argv[0].
+    pub args: Vec<String>,
+    /// Working directory.
+    pub cwd: String,
+    /// Environment, as `KEY=VALUE` strings.
+    pub env: Vec<String>,
+}
+
+/// How a run ended, or why it never started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExitNote {
+    /// The exit code the shim must exit with (128+N for death by signal N).
+    pub code: i32,
+    /// The signal terraform died of, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why terraform was not started or the request failed; the shim prints it to stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The run id, for correlating with the init's logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+}
+
+/// A signal the shim received (the `Signal` frame's JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SignalNote {
+    /// The signal number.
+    pub signal: i32,
+}
+
+/// A control request's answer (the `Reply` frame's JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Reply {
+    /// Protocol version.
+    pub v: u32,
+    /// Whether the request was carried out.
+    pub ok: bool,
+    /// Why not, when `ok` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The status document, for `status`, `drain` and `resume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+}
+
+/// `tfinit status`: the init and its runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// Format version.
+    pub v: u32,
+    /// The init's pid (1 in a container).
+    pub pid: i32,
+    /// running, draining or stopping.
+    pub phase: String,
+    /// When stopping: the deadline, Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_unix: Option<f64>,
+    /// When stopping: seconds until the deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_left: Option<f64>,
+    /// The controller's pid, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main_pid: Option<i32>,
+    /// terraform runs in flight.
+    pub runs: Vec<RunStatus>,
+}
+
+/// One run in `tfinit status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunStatus {
+    /// Run id.
+    pub id: String,
+    /// terraform's pid (0 while a lock recovery runs first).
+    pub pid: i32,
+    /// terraform's process group.
+    pub pgid: i32,
+    /// Working directory.
+    pub cwd: String,
+    /// The terraform subcommand (`apply`, `state rm`...).
+    pub subcommand: String,
+    /// argv with secrets replaced by `<redacted>`.
+    pub argv: Vec<String>,
+    /// Start time, Unix seconds.
+    pub started_unix: f64,
+    /// Whether the shim that asked for it is still connected.
+    pub attached: bool,
+    /// Whether terraform was asked to stop gracefully (its one SIGTERM).
+    pub stop_requested: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_split_anywhere() {
+        let mut wire = Vec::new();
+        encode(Kind::Stdout, b"hello", &mut wire);
+        encode(Kind::Stderr, b"", &mut wire);
+        encode_json(Kind::Exit, &ExitNote { code: 2, ..Default::default() }, &mut wire);
+        for split in 0..wire.len() {
+            let mut d = Decoder::default();
+            let mut got = Vec::new();
+            d.push(&wire[..split]);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            d.push(&wire[split..]);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            assert_eq!(got.len(), 3, "split at {split}");
+            assert_eq!(got[0].payload, b"hello");
+            assert_eq!(got[1].kind, Kind::Stderr);
+            let exit: ExitNote = serde_json::from_slice(&got[2].payload).unwrap();
+            assert_eq!(exit.code, 2);
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_kind_and_oversized() {
+        let mut d = Decoder::default();
+        d.push(b"Z\0\0\0\0");
+        assert_eq!(d.next_frame(), Err(DecodeError::UnknownKind(b'Z')));
+        let mut d = Decoder::default();
+        d.push(&[b'R', 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(d.next_frame(), Err(DecodeError::TooLarge(0xffff_ffff)));
+    }
+
+    #[test]
+    fn request_json_has_version_and_op() {
+        let e = Envelope { v: VERSION, request: Request::Status };
+        let s = serde_json::to_string(&e).unwrap();
+        assert_eq!(s, r#"{"v":1,"op":"status"}"#);
+        let back: Envelope = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, e);
+    }
+}

@@ -1,0 +1,193 @@
+//! Every `unsafe` block of tfinit lives here, each with the reason it is sound.
+//!
+//! The rest of the code calls these safe functions and never touches raw signal numbers through
+//! libc itself. Harmless errnos are handled by name where the caller needs it (ESRCH from kill).
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::unistd::Pid;
+
+/// A signal by its raw number: real-time signals have no `nix::sys::signal::Signal` variant.
+pub type SigNo = i32;
+
+/// Where a kill goes: one process, a whole process group, or every process we may signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A single process.
+    Pid(Pid),
+    /// Every member of a process group (kill with a negative pid).
+    Group(Pid),
+    /// Every process in the PID namespace except ourselves (kill(-1)); only used as PID 1.
+    Everyone,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Pid(p) => write!(f, "pid {p}"),
+            Target::Group(p) => write!(f, "process group {p}"),
+            Target::Everyone => write!(f, "every process"),
+        }
+    }
+}
+
+/// The one function that turns a target into kill(2). Signal 0 probes existence.
+pub fn kill(target: Target, signo: SigNo) -> Result<(), Errno> {
+    let raw = match target {
+        Target::Pid(p) => p.as_raw(),
+        Target::Group(p) => -p.as_raw(),
+        Target::Everyone => -1,
+    };
+    if raw == 0 || raw == 1 && matches!(target, Target::Group(_)) {
+        // kill(0) or kill(-1) by accident would hit our own group or everyone.
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: kill(2) takes plain integers, touches no memory of ours; any pid/signal value is
+    // accepted by the kernel and reported through errno.
+    let rc = unsafe { libc::kill(raw, signo) };
+    Errno::result(rc).map(drop)
+}
+
+/// Whether a process group still has any member (zombies count until reaped).
+pub fn group_alive(pgid: Pid) -> bool {
+    // EPERM means it exists but belongs to someone else: still alive.
+    !matches!(kill(Target::Group(pgid), 0), Err(Errno::ESRCH))
+}
+
+/// Sets every catchable signal's disposition back to SIG_DFL.
+///
+/// Dispositions set to SIG_IGN by whoever started us would otherwise be inherited by the
+/// controller and terraform (a shell's background job ignores SIGINT and SIGQUIT, say).
+pub fn reset_signal_dispositions() {
+    for signo in 1..=libc::SIGRTMAX() {
+        if signo == libc::SIGKILL || signo == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL involves no handler code of ours; invalid numbers (the
+        // glibc-reserved real-time ones) fail with EINVAL, which is ignored on purpose.
+        unsafe {
+            libc::signal(signo, libc::SIG_DFL);
+        }
+    }
+}
+
+/// Blocks `signals` in the calling thread (and every thread created after), returning the old mask.
+pub fn block_signals(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
+    nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(signals), None)
+        .map_err(io::Error::from)
+}
+
+/// Gives the child started by `cmd` a normal signal state: an empty signal mask (the init blocks
+/// everything it reads through its signalfd, and a mask survives exec). Dispositions were reset
+/// to SIG_DFL at start-up, and std resets SIGPIPE, which it ignores in the parent.
+pub fn clean_signal_mask_in_child(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and calls only sigemptyset and
+    // sigprocmask, both async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes the child started by `cmd` take the terminal's foreground, when stdin is a terminal.
+///
+/// Without this, a controller started with `docker run -it` sits in a background process group
+/// and is stopped by SIGTTIN the first time it reads its terminal (tini does the same).
+pub fn take_terminal_foreground_in_child(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions
+    // (signal, tcsetpgrp, getpgrp); it allocates nothing and touches no lock. std has already put
+    // the child in its own process group at that point.
+    unsafe {
+        cmd.pre_exec(|| {
+            // SIGTTOU would stop us: a background group may not change the foreground group.
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            let rc = libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+            let e = *libc::__errno_location();
+            libc::signal(libc::SIGTTOU, old);
+            // ENOTTY/ENXIO/EBADF: stdin is no terminal (the usual case in Kubernetes); EPERM: the
+            // terminal belongs to another session. Neither stops the start.
+            if rc != 0 && e != libc::ENOTTY && e != libc::ENXIO && e != libc::EBADF && e != libc::EPERM {
+                return Err(io::Error::from_raw_os_error(e));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The highest real-time signal number of this libc.
+pub fn sigrtmax() -> SigNo {
+    libc::SIGRTMAX()
+}
+
+/// The lowest real-time signal number usable by programs (glibc reserves the first two).
+pub fn sigrtmin() -> SigNo {
+    libc::SIGRTMIN()
+}
+
+/// Receives bytes from a Unix stream socket together with any file descriptors passed with them
+/// (SCM_RIGHTS). Returns 0 bytes at end of stream. Non-blocking: EAGAIN comes back as an error.
+pub fn recv_with_fds(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Result<(usize, Vec<std::os::fd::OwnedFd>), Errno> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<UnixAddr>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )?;
+    let mut fds = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for fd in raw {
+                    // SAFETY: the kernel just installed these descriptors in our table for this
+                    // message (SCM_RIGHTS); nothing else owns them, so taking ownership is sound.
+                    fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// Sends `bytes` with `fd` attached as SCM_RIGHTS (blocking socket); returns bytes sent.
+pub fn send_with_fd(
+    sock: std::os::fd::BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> Result<usize, Errno> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [std::io::IoSlice::new(bytes)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+}
+
+/// One non-blocking waitpid(-1): Ok(None) when children exist but none changed state.
+///
+/// Raw, because nix decodes the status into its `Signal` enum and fails on real-time signals
+/// after the child was already reaped, losing its status.
+pub fn wait_any_nohang() -> Result<Option<(Pid, i32)>, Errno> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: `status` is a valid, writable c_int for the duration of the call.
+    let rc = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    match Errno::result(rc)? {
+        0 => Ok(None),
+        pid => Ok(Some((Pid::from_raw(pid), status))),
+    }
+}

@@ -120,13 +120,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total_ms: u128 = 0;
     let mut rest = t;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return Err(format!("expected a number at {rest:?}"));
         }
-        let n: u128 = rest[..digits].parse().map_err(|_| "number too large".to_string())?;
+        let n: u128 = rest[..digits]
+            .parse()
+            .map_err(|_| "number too large".to_string())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let ms_per = match unit {
@@ -182,7 +188,10 @@ pub fn parse_rewrites(text: &str) -> Result<Rewrites, String> {
         let f = signals::parse(from).ok_or_else(|| format!("unknown signal {from:?}"))?;
         let t = signals::parse(to).ok_or_else(|| format!("unknown signal {to:?}"))?;
         if f == libc::SIGCHLD || !signals::forwardable(f) {
-            return Err(format!("{} is never forwarded, so it cannot be rewritten", signals::name(f)));
+            return Err(format!(
+                "{} is never forwarded, so it cannot be rewritten",
+                signals::name(f)
+            ));
         }
         if pairs.iter().any(|(x, _): &(SigNo, SigNo)| *x == f) {
             return Err(format!("{} is rewritten twice", signals::name(f)));
@@ -236,13 +245,24 @@ impl InitConfig {
             None | Some("group") => ForwardTo::Group,
             Some("child") => ForwardTo::Child,
             Some(v) => {
-                return Err(bad(n.name("forward", "TFINIT_FORWARD", "forward"), v, "must be group or child", "group"))
+                return Err(bad(
+                    n.name("forward", "TFINIT_FORWARD", "forward"),
+                    v,
+                    "must be group or child",
+                    "group",
+                ))
             }
         };
         let rewrite = match args.rewrite.as_deref() {
             None => Rewrites::default(),
-            Some(v) => parse_rewrites(v)
-                .map_err(|p| bad(n.name("rewrite", "TFINIT_REWRITE", "rewrite"), v, &p, "TERM:INT,USR1:HUP"))?,
+            Some(v) => parse_rewrites(v).map_err(|p| {
+                bad(
+                    n.name("rewrite", "TFINIT_REWRITE", "rewrite"),
+                    v,
+                    &p,
+                    "TERM:INT,USR1:HUP",
+                )
+            })?,
         };
         let grace_period = duration_setting(
             &n,
@@ -287,18 +307,35 @@ impl InitConfig {
         }
         let log_level = match args.log.as_deref().map(str::trim) {
             None => tracing::Level::INFO,
-            Some(v) => v
-                .parse::<tracing::Level>()
-                .map_err(|_| bad(n.name("log", "TFINIT_LOG", "log"), v, "must be error, warn, info, debug or trace", "info"))?,
+            Some(v) => v.parse::<tracing::Level>().map_err(|_| {
+                bad(
+                    n.name("log", "TFINIT_LOG", "log"),
+                    v,
+                    "must be error, warn, info, debug or trace",
+                    "info",
+                )
+            })?,
         };
         let log_format = match args.log_format.as_deref().map(str::trim) {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(v) => {
-                return Err(bad(n.name("log_format", "TFINIT_LOG_FORMAT", "log-format"), v, "must be text or json", "json"))
+                return Err(bad(
+                    n.name("log_format", "TFINIT_LOG_FORMAT", "log-format"),
+                    v,
+                    "must be text or json",
+                    "json",
+                ))
             }
         };
-        let run_dir = path_setting(&n, args.run_dir.as_ref(), "run_dir", "TFINIT_RUN_DIR", "run-dir", default_run_dir())?;
+        let run_dir = path_setting(
+            &n,
+            args.run_dir.as_ref(),
+            "run_dir",
+            "TFINIT_RUN_DIR",
+            "run-dir",
+            default_run_dir(),
+        )?;
         let state_dir = path_setting(
             &n,
             args.state_dir.as_ref(),
@@ -340,7 +377,12 @@ impl InitConfig {
             None | Some("auto") => true,
             Some("off") => false,
             Some(v) => {
-                return Err(bad(n.name("force_unlock", "TFINIT_FORCE_UNLOCK", "force-unlock"), v, "must be auto or off", "auto"))
+                return Err(bad(
+                    n.name("force_unlock", "TFINIT_FORCE_UNLOCK", "force-unlock"),
+                    v,
+                    "must be auto or off",
+                    "auto",
+                ))
             }
         };
         let pod_uid = ["TFINIT_POD_UID", "POD_UID"]
@@ -368,7 +410,8 @@ impl InitConfig {
 pub fn valid_owner(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         && !s.starts_with('.')
 }
 
@@ -378,7 +421,11 @@ pub fn hostname() -> String {
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
-        .or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()))
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+        })
         .unwrap_or_else(|| "localhost".into())
 }
 
@@ -415,7 +462,17 @@ mod tests {
         assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
-        for bad in ["", "-1", "1.5s", "s", "10x", "1h30", "99999999999999999999", "9999h", "30 s"] {
+        for bad in [
+            "",
+            "-1",
+            "1.5s",
+            "s",
+            "10x",
+            "1h30",
+            "99999999999999999999",
+            "9999h",
+            "30 s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -448,12 +505,18 @@ mod tests {
             ..Default::default()
         };
         let e = InitConfig::from_args(&args, None).unwrap_err().to_string();
-        assert!(e.contains("TFINIT_STOP_TIMEOUT") && e.contains("9s") && e.contains("10s"), "{e}");
+        assert!(
+            e.contains("TFINIT_STOP_TIMEOUT") && e.contains("9s") && e.contains("10s"),
+            "{e}"
+        );
     }
 
     #[test]
     fn errors_name_variable_value_and_example() {
-        let args = InitArgs { grace_period: Some("soon".into()), ..Default::default() };
+        let args = InitArgs {
+            grace_period: Some("soon".into()),
+            ..Default::default()
+        };
         let e = InitConfig::from_args(&args, None).unwrap_err().to_string();
         assert!(e.contains("TFINIT_GRACE_PERIOD=\"soon\""), "{e}");
         assert!(e.contains("for example TFINIT_GRACE_PERIOD=30s"), "{e}");

@@ -11,7 +11,11 @@ pub fn init(level: tracing::Level, format: LogFormat) {
     // A second install (only possible in tests) is harmless: keep the first.
     let _ = match format {
         LogFormat::Text => builder.with_ansi(false).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
     };
 }
 

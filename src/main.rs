@@ -11,15 +11,24 @@ use tfinit::{client, config, init, locks, logging};
 
 fn main() {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    let argv0 = argv.first().cloned().unwrap_or_else(|| OsString::from("tfinit"));
+    let argv0 = argv
+        .first()
+        .cloned()
+        .unwrap_or_else(|| OsString::from("tfinit"));
 
     // 1. Multi-call: invoked as `terraform` or `tofu` (a symlink on PATH), we are the shim.
-    let name = Path::new(&argv0).file_name().and_then(OsStr::to_str).unwrap_or("tfinit");
+    let name = Path::new(&argv0)
+        .file_name()
+        .and_then(OsStr::to_str)
+        .unwrap_or("tfinit");
     if name == "terraform" || name == "tofu" {
         exit(client::shim::main(&argv0, name, argv[1..].to_vec()));
     }
     // 2. The init's hidden lock-recovery helper (re-exec of /proc/self/exe).
-    if argv.get(1).is_some_and(|a| a == locks::recover::HIDDEN_SUBCOMMAND) {
+    if argv
+        .get(1)
+        .is_some_and(|a| a == locks::recover::HIDDEN_SUBCOMMAND)
+    {
         exit(client::control::recover_helper(&argv[2..]));
     }
     // 3. Everything else: parse the command line (flags win over TFINIT_* variables).
@@ -29,7 +38,9 @@ fn main() {
         Err(e) => e.exit(),
     };
     let code = match cli.command {
-        Some(Command::Terraform { args }) => client::shim::main(OsStr::new("terraform"), "terraform", args),
+        Some(Command::Terraform { args }) => {
+            client::shim::main(OsStr::new("terraform"), "terraform", args)
+        }
         Some(Command::Tofu { args }) => client::shim::main(OsStr::new("tofu"), "tofu", args),
         Some(Command::Status) => {
             logging::init_client();

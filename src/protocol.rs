@@ -83,7 +83,9 @@ pub struct Frame {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     /// The kind byte is unknown.
-    #[error("unknown frame kind byte 0x{0:02x} (is the peer a tfinit client of the same version?)")]
+    #[error(
+        "unknown frame kind byte 0x{0:02x} (is the peer a tfinit client of the same version?)"
+    )]
     UnknownKind(u8),
     /// The announced length is over the limit.
     #[error("frame of {0} bytes is over the limit of {MAX_PAYLOAD} bytes")]
@@ -292,7 +294,14 @@ mod tests {
         let mut wire = Vec::new();
         encode(Kind::Stdout, b"hello", &mut wire);
         encode(Kind::Stderr, b"", &mut wire);
-        encode_json(Kind::Exit, &ExitNote { code: 2, ..Default::default() }, &mut wire);
+        encode_json(
+            Kind::Exit,
+            &ExitNote {
+                code: 2,
+                ..Default::default()
+            },
+            &mut wire,
+        );
         for split in 0..wire.len() {
             let mut d = Decoder::default();
             let mut got = Vec::new();
@@ -324,7 +333,10 @@ mod tests {
 
     #[test]
     fn request_json_has_version_and_op() {
-        let e = Envelope { v: VERSION, request: Request::Status };
+        let e = Envelope {
+            v: VERSION,
+            request: Request::Status,
+        };
         let s = serde_json::to_string(&e).unwrap();
         assert_eq!(s, r#"{"v":1,"op":"status"}"#);
         let back: Envelope = serde_json::from_str(&s).unwrap();

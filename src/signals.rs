@@ -79,16 +79,27 @@ pub fn parse(text: &str) -> Option<SigNo> {
     let upper = t.to_ascii_uppercase();
     let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
     if let Some(rest) = bare.strip_prefix("RTMIN") {
-        let off = if rest.is_empty() { 0 } else { rest.strip_prefix('+')?.parse::<i32>().ok()? };
+        let off = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('+')?.parse::<i32>().ok()?
+        };
         let n = sys::sigrtmin() + off;
         return (n <= sys::sigrtmax()).then_some(n);
     }
     if let Some(rest) = bare.strip_prefix("RTMAX") {
-        let off = if rest.is_empty() { 0 } else { rest.strip_prefix('-')?.parse::<i32>().ok()? };
+        let off = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('-')?.parse::<i32>().ok()?
+        };
         let n = sys::sigrtmax() - off;
         return (n >= sys::sigrtmin()).then_some(n);
     }
-    format!("SIG{bare}").parse::<Signal>().ok().map(|s| s as i32)
+    format!("SIG{bare}")
+        .parse::<Signal>()
+        .ok()
+        .map(|s| s as i32)
 }
 
 /// Signal rewrites applied before forwarding (`TFINIT_REWRITE=TERM:INT,USR1:HUP`).
@@ -103,7 +114,11 @@ impl Rewrites {
 
     /// The signal to send in place of `signo`.
     pub fn apply(&self, signo: SigNo) -> SigNo {
-        self.0.iter().find(|(from, _)| *from == signo).map(|(_, to)| *to).unwrap_or(signo)
+        self.0
+            .iter()
+            .find(|(from, _)| *from == signo)
+            .map(|(_, to)| *to)
+            .unwrap_or(signo)
     }
 
     /// Whether no rewrite is configured.
@@ -154,7 +169,10 @@ mod tests {
         assert_eq!(classify(libc::SIGTERM), Incoming::Shutdown(libc::SIGTERM));
         assert_eq!(classify(libc::SIGHUP), Incoming::Forward(libc::SIGHUP));
         assert_eq!(classify(libc::SIGPIPE), Incoming::Ignore(libc::SIGPIPE));
-        assert_eq!(classify(sys::sigrtmin()), Incoming::Forward(sys::sigrtmin()));
+        assert_eq!(
+            classify(sys::sigrtmin()),
+            Incoming::Forward(sys::sigrtmin())
+        );
     }
 
     #[test]

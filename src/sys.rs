@@ -115,7 +115,12 @@ pub fn take_terminal_foreground_in_child(cmd: &mut Command) {
             libc::signal(libc::SIGTTOU, old);
             // ENOTTY/ENXIO/EBADF: stdin is no terminal (the usual case in Kubernetes); EPERM: the
             // terminal belongs to another session. Neither stops the start.
-            if rc != 0 && e != libc::ENOTTY && e != libc::ENXIO && e != libc::EBADF && e != libc::EPERM {
+            if rc != 0
+                && e != libc::ENOTTY
+                && e != libc::ENXIO
+                && e != libc::EBADF
+                && e != libc::EPERM
+            {
                 return Err(io::Error::from_raw_os_error(e));
             }
             Ok(())

@@ -12,8 +12,17 @@ pub const REDACTED: &str = "<redacted>";
 const SECRET_OPTIONS: [&str; 3] = ["var", "var-file", "backend-config"];
 
 /// Key fragments that make a `KEY=VALUE` argument's value a secret.
-const SECRET_KEYS: [&str; 9] =
-    ["password", "passwd", "secret", "token", "key", "credential", "auth", "private", "cert"];
+const SECRET_KEYS: [&str; 9] = [
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "key",
+    "credential",
+    "auth",
+    "private",
+    "cert",
+];
 
 /// Subcommands that acquire the state lock (terraform 1.x, internal/command/*: each of these
 /// has a `-lock` flag and calls the backend's state locker). Two-word forms are joined by a space.
@@ -51,7 +60,10 @@ impl Invocation {
         let mut words: Vec<&str> = Vec::new();
         for a in args {
             if words.is_empty() {
-                if let Some(d) = a.strip_prefix("-chdir=").or_else(|| a.strip_prefix("--chdir=")) {
+                if let Some(d) = a
+                    .strip_prefix("-chdir=")
+                    .or_else(|| a.strip_prefix("--chdir="))
+                {
                     chdir = Some(d.to_string());
                     continue;
                 }
@@ -69,7 +81,10 @@ impl Invocation {
                 break;
             }
         }
-        Invocation { subcommand: words.join(" "), chdir }
+        Invocation {
+            subcommand: words.join(" "),
+            chdir,
+        }
     }
 
     /// Whether this command acquires the state lock (and so needs a lock-owner record).
@@ -78,7 +93,9 @@ impl Invocation {
             return false;
         }
         // -lock=false disables locking.
-        !args.iter().any(|a| a == "-lock=false" || a == "--lock=false")
+        !args
+            .iter()
+            .any(|a| a == "-lock=false" || a == "--lock=false")
     }
 
     /// The directory terraform works in: cwd, or cwd joined with -chdir.
@@ -109,7 +126,10 @@ pub fn redact(args: &[String]) -> Vec<String> {
             };
             if SECRET_OPTIONS.contains(&name) {
                 match value {
-                    Some(_) => out.push(format!("{}={REDACTED}", &a[..a.len() - value.map_or(0, |v| v.len()) - 1])),
+                    Some(_) => out.push(format!(
+                        "{}={REDACTED}",
+                        &a[..a.len() - value.map_or(0, |v| v.len()) - 1]
+                    )),
                     None => {
                         out.push(a.clone());
                         redact_next = true;
@@ -156,20 +176,32 @@ pub enum FindError {
 
 /// Finds the real binary for `name` (terraform or tofu): TFINIT_TERRAFORM wins, else the first
 /// `name` on PATH that is not this very executable (compared by resolved path).
-pub fn find_real(name: &str, override_path: Option<&OsStr>, path_var: Option<&OsStr>) -> Result<PathBuf, FindError> {
+pub fn find_real(
+    name: &str,
+    override_path: Option<&OsStr>,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, FindError> {
     let me = std::fs::canonicalize("/proc/self/exe").ok();
     if let Some(p) = override_path.filter(|p| !p.is_empty()) {
         let pb = PathBuf::from(p);
         let shown = pb.to_string_lossy().to_string();
         if !is_executable(&pb) {
-            return Err(FindError::BadOverride { path: shown, problem: "is not an executable file" });
+            return Err(FindError::BadOverride {
+                path: shown,
+                problem: "is not an executable file",
+            });
         }
         if me.is_some() && std::fs::canonicalize(&pb).ok() == me {
-            return Err(FindError::BadOverride { path: shown, problem: "is tfinit itself (the shim)" });
+            return Err(FindError::BadOverride {
+                path: shown,
+                problem: "is tfinit itself (the shim)",
+            });
         }
         return Ok(pb);
     }
-    let path_text = path_var.map(|p| p.to_string_lossy().to_string()).unwrap_or_default();
+    let path_text = path_var
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_default();
     for dir in std::env::split_paths(path_var.unwrap_or_default()) {
         if dir.as_os_str().is_empty() {
             continue;
@@ -183,11 +215,16 @@ pub fn find_real(name: &str, override_path: Option<&OsStr>, path_var: Option<&Os
         }
         return Ok(candidate);
     }
-    Err(FindError::NotOnPath { name: name.to_string(), path: path_text })
+    Err(FindError::NotOnPath {
+        name: name.to_string(),
+        path: path_text,
+    })
 }
 
 fn is_executable(p: &Path) -> bool {
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -200,12 +237,29 @@ mod tests {
 
     #[test]
     fn subcommands() {
-        assert_eq!(Invocation::parse(&s(&["apply", "-auto-approve"])).subcommand, "apply");
-        assert_eq!(Invocation::parse(&s(&["-chdir=x", "plan"])).chdir.as_deref(), Some("x"));
-        assert_eq!(Invocation::parse(&s(&["state", "rm", "a.b"])).subcommand, "state rm");
-        assert_eq!(Invocation::parse(&s(&["state", "-lock=false", "rm"])).subcommand, "state");
+        assert_eq!(
+            Invocation::parse(&s(&["apply", "-auto-approve"])).subcommand,
+            "apply"
+        );
+        assert_eq!(
+            Invocation::parse(&s(&["-chdir=x", "plan"]))
+                .chdir
+                .as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            Invocation::parse(&s(&["state", "rm", "a.b"])).subcommand,
+            "state rm"
+        );
+        assert_eq!(
+            Invocation::parse(&s(&["state", "-lock=false", "rm"])).subcommand,
+            "state"
+        );
         assert_eq!(Invocation::parse(&s(&["-version"])).subcommand, "");
-        assert_eq!(Invocation::parse(&s(&["workspace", "new", "x"])).subcommand, "workspace new");
+        assert_eq!(
+            Invocation::parse(&s(&["workspace", "new", "x"])).subcommand,
+            "workspace new"
+        );
     }
 
     #[test]
@@ -214,7 +268,15 @@ mod tests {
         assert!(Invocation::parse(&a).takes_lock(&a));
         let a = s(&["apply", "-lock=false"]);
         assert!(!Invocation::parse(&a).takes_lock(&a));
-        for c in [&["init"][..], &["output", "-json"], &["show"], &["version"], &["providers"], &["validate"], &["state", "list"]] {
+        for c in [
+            &["init"][..],
+            &["output", "-json"],
+            &["show"],
+            &["version"],
+            &["providers"],
+            &["validate"],
+            &["state", "list"],
+        ] {
             let a = s(c);
             assert!(!Invocation::parse(&a).takes_lock(&a), "{c:?}");
         }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::init::setup::socket_path;
-use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::record::Store;
+use crate::locks::recover::{self, Outcome, Recovery};
 use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
@@ -22,14 +22,23 @@ fn ask(request: Request) -> Result<Reply, String> {
             path.display()
         )
     })?;
-    let body = serde_json::to_vec(&Envelope { v: protocol::VERSION, request }).map_err(|e| e.to_string())?;
-    write_frame(&mut sock, Kind::Request, &body).map_err(|e| format!("sending the request failed: {e}"))?;
+    let body = serde_json::to_vec(&Envelope {
+        v: protocol::VERSION,
+        request,
+    })
+    .map_err(|e| e.to_string())?;
+    write_frame(&mut sock, Kind::Request, &body)
+        .map_err(|e| format!("sending the request failed: {e}"))?;
     let mut payload = Vec::new();
     match read_frame(&mut sock, &mut payload) {
-        Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload).map_err(|e| format!("malformed reply from the init: {e}")),
+        Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload)
+            .map_err(|e| format!("malformed reply from the init: {e}")),
         Ok(Some(Kind::Exit)) => {
-            let note: protocol::ExitNote = serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
-            Err(note.error.unwrap_or_else(|| "the init refused the request".into()))
+            let note: protocol::ExitNote =
+                serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
+            Err(note
+                .error
+                .unwrap_or_else(|| "the init refused the request".into()))
         }
         Ok(other) => Err(format!("unexpected answer from the init: {other:?}")),
         Err(e) => Err(format!("reading the reply failed: {e}")),
@@ -81,7 +90,10 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
         None => None,
         Some(Ok(d)) => Some(d),
         Some(Err(e)) => {
-            eprintln!("tfinit: invalid --timeout={:?}: {e}; for example --timeout=5m", timeout.unwrap_or_default());
+            eprintln!(
+                "tfinit: invalid --timeout={:?}: {e}; for example --timeout=5m",
+                timeout.unwrap_or_default()
+            );
             return 2;
         }
     };
@@ -109,9 +121,20 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
         }
         if timeout.is_some_and(|t| start.elapsed() >= t) {
             let runs = last.map(|s| s.runs).unwrap_or_default();
-            eprintln!("tfinit: drain timed out after {}; {} run(s) still going:", config::fmt_duration(timeout.unwrap_or_default()), runs.len());
+            eprintln!(
+                "tfinit: drain timed out after {}; {} run(s) still going:",
+                config::fmt_duration(timeout.unwrap_or_default()),
+                runs.len()
+            );
             for r in runs {
-                eprintln!("  {} pid {} {} in {} ({})", r.id, r.pid, r.subcommand, r.cwd, if r.attached { "attached" } else { "abandoned" });
+                eprintln!(
+                    "  {} pid {} {} in {} ({})",
+                    r.id,
+                    r.pid,
+                    r.subcommand,
+                    r.cwd,
+                    if r.attached { "attached" } else { "abandoned" }
+                );
             }
             return 1;
         }
@@ -155,11 +178,20 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
     };
     let store = Store::new(&cfg.state_dir);
     if !store.dir().is_dir() {
-        eprintln!("tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover", cfg.state_dir);
+        eprintln!(
+            "tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover",
+            cfg.state_dir
+        );
         return 1;
     }
     let me = recover::current_owner(&store, &cfg.owner);
-    let recovery = Recovery { store, me, ttl: cfg.owner_ttl, terraform, dry_run };
+    let recovery = Recovery {
+        store,
+        me,
+        ttl: cfg.owner_ttl,
+        terraform,
+        dry_run,
+    };
     let results = recovery.run(None);
     if results.is_empty() {
         println!("no lock-owner records in {}", cfg.state_dir.display());
@@ -169,11 +201,28 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         let what = match outcome {
             Outcome::OwnerAlive => "owner alive: left alone".to_string(),
             Outcome::Elsewhere => continue,
-            Outcome::NothingToRelease(b) => format!("{b} backend: nothing to release; record removed"),
-            Outcome::Unsupported(b) => format!("{b} backend: not supported, release by hand; record set aside"),
+            Outcome::NothingToRelease(b) => {
+                format!("{b} backend: nothing to release; record removed")
+            }
+            Outcome::Unsupported(b) => {
+                format!("{b} backend: not supported, release by hand; record set aside")
+            }
             Outcome::Free => "lock free; record removed".to_string(),
-            Outcome::Unlocked(i) => format!("{} lock {} (who {}, created {})", if dry_run { "would force-unlock" } else { "force-unlocked" }, i.id, i.who, i.created),
-            Outcome::HeldByOther(i) => format!("lock held by {} (not the dead owner): left alone; record removed", i.who),
+            Outcome::Unlocked(i) => format!(
+                "{} lock {} (who {}, created {})",
+                if dry_run {
+                    "would force-unlock"
+                } else {
+                    "force-unlocked"
+                },
+                i.id,
+                i.who,
+                i.created
+            ),
+            Outcome::HeldByOther(i) => format!(
+                "lock held by {} (not the dead owner): left alone; record removed",
+                i.who
+            ),
             Outcome::Unknown(m) => {
                 failed = true;
                 format!("could not read the lock: {m}")
@@ -207,12 +256,16 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             Some("--workdir") => workdir = v,
             Some("--terraform") => terraform = v,
             Some("--state-dir") => state_dir = v,
-            Some("--owner-json") => owner = v.and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok()),
+            Some("--owner-json") => {
+                owner = v.and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
+            }
             Some("--ttl-ms") => ttl_ms = v.and_then(|s| s.to_string_lossy().parse::<u64>().ok()),
             _ => {}
         }
     }
-    let (Some(workdir), Some(terraform), Some(state_dir), Some(me), Some(ttl_ms)) = (workdir, terraform, state_dir, owner, ttl_ms) else {
+    let (Some(workdir), Some(terraform), Some(state_dir), Some(me), Some(ttl_ms)) =
+        (workdir, terraform, state_dir, owner, ttl_ms)
+    else {
         eprintln!("tfinit: {} is internal to tfinit and needs --workdir --terraform --state-dir --owner-json --ttl-ms", recover::HIDDEN_SUBCOMMAND);
         return 2;
     };
@@ -224,7 +277,9 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
         dry_run: false,
     };
     let results = recovery.run(Some(std::path::Path::new(&workdir)));
-    let bad = results.iter().any(|(_, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
+    let bad = results
+        .iter()
+        .any(|(_, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
     if bad {
         1
     } else {

@@ -21,7 +21,8 @@ pub fn read_frame(sock: &mut UnixStream, payload: &mut Vec<u8>) -> io::Result<Op
             Err(e) => return Err(e),
         }
     }
-    let (kind, len) = protocol::parse_header(header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let (kind, len) = protocol::parse_header(header)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     payload.resize(len, 0);
     sock.read_exact(payload)?;
     Ok(Some(kind))

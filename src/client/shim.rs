@@ -64,7 +64,10 @@ fn fallback(program: &Path, argv0: &OsStr, args: &[OsString], why: &str) -> i32 
         "tfinit: warning: {why}; running {} directly, without tfinit's protection (make tfinit the container's entrypoint: ENTRYPOINT [\"/usr/local/bin/tfinit\", \"--\"])",
         program.display()
     );
-    let err = std::process::Command::new(program).arg0(argv0).args(args).exec();
+    let err = std::process::Command::new(program)
+        .arg0(argv0)
+        .args(args)
+        .exec();
     eprintln!("tfinit: cannot execute {}: {err}", program.display());
     if err.kind() == io::ErrorKind::NotFound {
         127
@@ -74,11 +77,14 @@ fn fallback(program: &Path, argv0: &OsStr, args: &[OsString], why: &str) -> i32 
 }
 
 fn utf8(what: &str, s: &OsStr) -> Result<String, String> {
-    s.to_str().map(str::to_string).ok_or_else(|| format!("{what} {s:?} is not valid UTF-8, which the init's protocol cannot carry"))
+    s.to_str().map(str::to_string).ok_or_else(|| {
+        format!("{what} {s:?} is not valid UTF-8, which the init's protocol cannot carry")
+    })
 }
 
 fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<RunRequest, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working directory: {e}"))?;
+    let cwd =
+        std::env::current_dir().map_err(|e| format!("cannot read the working directory: {e}"))?;
     let mut env = Vec::new();
     for (k, v) in std::env::vars_os() {
         let mut kv = k.clone();
@@ -89,7 +95,10 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
     Ok(RunRequest {
         program: utf8("path", program.as_os_str())?,
         argv0: utf8("argv[0]", argv0)?,
-        args: args.iter().map(|a| utf8("argument", a)).collect::<Result<_, _>>()?,
+        args: args
+            .iter()
+            .map(|a| utf8("argument", a))
+            .collect::<Result<_, _>>()?,
         cwd: utf8("working directory", cwd.as_os_str())?,
         env,
     })
@@ -103,8 +112,11 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
     stops.thread_block().map_err(io::Error::from)?;
     let sigfd = SignalFd::with_flags(&stops, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
 
-    let body = serde_json::to_vec(&Envelope { v: protocol::VERSION, request: Request::Run(request.clone()) })
-        .map_err(io::Error::other)?;
+    let body = serde_json::to_vec(&Envelope {
+        v: protocol::VERSION,
+        request: Request::Run(request.clone()),
+    })
+    .map_err(io::Error::other)?;
     let mut frame = Vec::new();
     protocol::encode(Kind::Request, &body, &mut frame);
     send_with_stdin(&sock, &frame)?;
@@ -114,7 +126,10 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
     let mut payload = Vec::with_capacity(protocol::MAX_DATA);
     loop {
         let ready = {
-            let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+            let mut fds = [
+                PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) => (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false)),
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -123,7 +138,9 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
         };
         if ready.1 {
             while let Ok(Some(info)) = sigfd.read_signal() {
-                let note = SignalNote { signal: info.ssi_signo as i32 };
+                let note = SignalNote {
+                    signal: info.ssi_signo as i32,
+                };
                 let body = serde_json::to_vec(&note).map_err(io::Error::other)?;
                 write_frame(&mut sock, Kind::Signal, &body)?;
             }
@@ -132,7 +149,10 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
             continue;
         }
         let Some(kind) = read_frame(&mut sock, &mut payload)? else {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the init closed the connection before terraform's exit code arrived"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the init closed the connection before terraform's exit code arrived",
+            ));
         };
         match kind {
             Kind::Stdout => write_out(&mut stdout.lock(), &payload)?,
@@ -145,7 +165,10 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
                 return Ok(note.code);
             }
             other => {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected {other:?} frame from the init")));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unexpected {other:?} frame from the init"),
+                ));
             }
         }
     }

@@ -103,9 +103,15 @@ impl Init {
         main_pid: Pid,
     ) -> io::Result<Init> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-        epoll.add(sigfd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNALS))?;
+        epoll.add(
+            sigfd.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_SIGNALS),
+        )?;
         if let Some(l) = &listener {
-            epoll.add(l.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER))?;
+            epoll.add(
+                l.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER),
+            )?;
         }
         let timeline = Timeline::new(cfg.grace_period, cfg.stop_timeout, cfg.kill_margin);
         Ok(Init {
@@ -114,7 +120,11 @@ impl Init {
             epoll,
             sigfd,
             listener,
-            main: Main { pid: main_pid, exit: None, group_stopped: false },
+            main: Main {
+                pid: main_pid,
+                exit: None,
+                group_stopped: false,
+            },
             timeline,
             conns: HashMap::new(),
             runs: HashMap::new(),
@@ -227,7 +237,9 @@ impl Init {
                 tracing::debug!(signal = %signals::name(s), sender, "signal received");
                 self.forward(s);
             }
-            Incoming::Ignore(s) => tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded"),
+            Incoming::Ignore(s) => {
+                tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded")
+            }
         }
     }
 
@@ -242,13 +254,19 @@ impl Init {
             }
             (ForwardTo::Group, _) => Target::Group(self.main.pid),
         };
-        if matches!(signals::classify(to), Incoming::Shutdown(_)) && target == Target::Group(self.main.pid) {
+        if matches!(signals::classify(to), Incoming::Shutdown(_))
+            && target == Target::Group(self.main.pid)
+        {
             self.main.group_stopped = true;
         }
         match sys::kill(target, to) {
             Ok(()) => tracing::debug!(signal = %signals::name(to), %target, "signal forwarded"),
-            Err(Errno::ESRCH) => tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to"),
-            Err(e) => tracing::warn!(signal = %signals::name(to), %target, error = %e, "forwarding failed"),
+            Err(Errno::ESRCH) => {
+                tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to")
+            }
+            Err(e) => {
+                tracing::warn!(signal = %signals::name(to), %target, error = %e, "forwarding failed")
+            }
         }
     }
 
@@ -303,30 +321,57 @@ impl Init {
                     fmt_duration(self.cfg.stop_timeout),
                     fmt_duration(self.cfg.kill_margin),
                 );
-                if cause == Cause::MainExited && !self.main.group_stopped && sys::group_alive(self.main.pid) {
+                if cause == Cause::MainExited
+                    && !self.main.group_stopped
+                    && sys::group_alive(self.main.pid)
+                {
                     self.main.group_stopped = true;
-                    self.signal(Target::Group(self.main.pid), libc::SIGTERM, "controller's leftover processes");
+                    self.signal(
+                        Target::Group(self.main.pid),
+                        libc::SIGTERM,
+                        "controller's leftover processes",
+                    );
                 }
             }
             Transition::Graceful => {
-                tracing::info!(phase = "stopping", step = "graceful", runs = self.runs.len(), seconds_left = left, "asking terraform runs to stop gracefully");
+                tracing::info!(
+                    phase = "stopping",
+                    step = "graceful",
+                    runs = self.runs.len(),
+                    seconds_left = left,
+                    "asking terraform runs to stop gracefully"
+                );
                 let ids: Vec<u64> = self.runs.keys().copied().collect();
                 for id in ids {
                     self.request_stop(id, "shutdown deadline approaching");
                 }
             }
             Transition::Kill => {
-                tracing::info!(phase = "stopping", step = "kill", runs = self.runs.len(), seconds_left = left, "SIGKILL to everything left");
+                tracing::info!(
+                    phase = "stopping",
+                    step = "kill",
+                    runs = self.runs.len(),
+                    seconds_left = left,
+                    "SIGKILL to everything left"
+                );
                 self.flush_records();
                 let ids: Vec<u64> = self.runs.keys().copied().collect();
                 for id in ids {
                     self.kill_run(id, "shutdown deadline");
                 }
                 if sys::group_alive(self.main.pid) {
-                    self.signal(Target::Group(self.main.pid), libc::SIGKILL, "controller's process group");
+                    self.signal(
+                        Target::Group(self.main.pid),
+                        libc::SIGKILL,
+                        "controller's process group",
+                    );
                 }
                 if self.mode == Mode::Pid1 {
-                    self.signal(Target::Everyone, libc::SIGKILL, "every process left in the container");
+                    self.signal(
+                        Target::Everyone,
+                        libc::SIGKILL,
+                        "every process left in the container",
+                    );
                 }
             }
         }
@@ -336,14 +381,18 @@ impl Init {
         match sys::kill(target, signo) {
             Ok(()) => tracing::info!(%target, signal = %signals::name(signo), "signalled {what}"),
             Err(Errno::ESRCH) => tracing::debug!(%target, "{what}: already gone"),
-            Err(e) => tracing::warn!(%target, signal = %signals::name(signo), error = %e, "signalling {what} failed"),
+            Err(e) => {
+                tracing::warn!(%target, signal = %signals::name(signo), error = %e, "signalling {what} failed")
+            }
         }
     }
 
     /// Sends a run its one graceful SIGTERM (to terraform's own pid, never its group).
     pub(super) fn request_stop(&mut self, id: u64, why: &str) {
         let left = self.timeline.seconds_left(Instant::now());
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         let Some(pid) = run.pid() else {
             // Still recovering a lock: terraform has not started, so there is nothing to stop,
             // and it will not start (the phase refuses it or the kill step comes first).
@@ -358,12 +407,16 @@ impl Init {
                 run = %run.id, pid = pid.as_raw(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
                 seconds_left = left, reason = why, "SIGTERM to terraform (graceful stop: it finishes operations in flight, saves state, releases the lock)"
             ),
-            Err(e) => tracing::warn!(run = %run.id, pid = pid.as_raw(), error = %e, "SIGTERM to terraform failed"),
+            Err(e) => {
+                tracing::warn!(run = %run.id, pid = pid.as_raw(), error = %e, "SIGTERM to terraform failed")
+            }
         }
     }
 
     fn kill_run(&mut self, id: u64, why: &str) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         match &run.state {
             RunState::Recovering { helper, .. } => {
                 let h = *helper;
@@ -382,7 +435,9 @@ impl Init {
                         reason = why, in_progress = ?run.follower.as_ref().map(|f| f.in_progress()),
                         "SIGKILL to terraform's process group"
                     ),
-                    Err(e) => tracing::warn!(run = %run.id, error = %e, "SIGKILL to terraform's group failed"),
+                    Err(e) => {
+                        tracing::warn!(run = %run.id, error = %e, "SIGKILL to terraform's group failed")
+                    }
                 }
             }
         }
@@ -397,7 +452,9 @@ impl Init {
         self.locks.tick(now);
         let ids: Vec<u64> = self.runs.keys().copied().collect();
         for id in ids {
-            let Some(run) = self.runs.get_mut(&id) else { continue };
+            let Some(run) = self.runs.get_mut(&id) else {
+                continue;
+            };
             if run.kill_at.is_some_and(|t| now >= t) && !run.killed && run.alive() {
                 run.kill_at = None;
                 self.kill_run(id, "abandoned run did not stop within TFINIT_STOP_TIMEOUT");
@@ -423,7 +480,9 @@ impl Init {
     }
 
     fn flush_records(&mut self) {
-        let Some(store) = &self.locks.store else { return };
+        let Some(store) = &self.locks.store else {
+            return;
+        };
         for run in self.runs.values_mut() {
             if let Some(h) = run.record.as_mut() {
                 if h.dirty {
@@ -446,7 +505,14 @@ impl Init {
                 protocol::EXIT_REFUSED
             );
             tracing::info!(phase = phase.as_str(), args = ?terraform::redact(&req.args), cwd = %req.cwd, "terraform run refused");
-            self.reply_exit(conn, ExitNote { code: protocol::EXIT_REFUSED, error: Some(msg), ..Default::default() });
+            self.reply_exit(
+                conn,
+                ExitNote {
+                    code: protocol::EXIT_REFUSED,
+                    error: Some(msg),
+                    ..Default::default()
+                },
+            );
             return;
         }
         let id = self.next_run;
@@ -457,7 +523,9 @@ impl Init {
         let locking = invocation.takes_lock(&req.args);
         let mut run = Run {
             id: format!("r{id}"),
-            state: RunState::Started { pid: Pid::from_raw(0) },
+            state: RunState::Started {
+                pid: Pid::from_raw(0),
+            },
             cwd,
             workdir,
             argv: terraform::redact(&req.args),
@@ -484,11 +552,17 @@ impl Init {
                 Ok(helper) => {
                     tracing::info!(run = %run.id, workdir = %run.workdir.display(), helper = helper.as_raw(), "a dead owner's lock-owner record is here: checking the state lock before terraform starts");
                     self.pids.insert(helper, PidOwner::Recovery(id));
-                    run.state = RunState::Recovering { helper, request: Box::new(req), stdin };
+                    run.state = RunState::Recovering {
+                        helper,
+                        request: Box::new(req),
+                        stdin,
+                    };
                     self.runs.insert(id, run);
                     return;
                 }
-                Err(e) => tracing::warn!(run = %run.id, error = %e, "cannot start the lock recovery; terraform starts without it"),
+                Err(e) => {
+                    tracing::warn!(run = %run.id, error = %e, "cannot start the lock recovery; terraform starts without it")
+                }
             }
         }
         self.runs.insert(id, run);
@@ -498,7 +572,9 @@ impl Init {
     /// Starts terraform for a run (after any recovery).
     fn launch(&mut self, id: u64, req: RunRequest, stdin: Option<OwnedFd>) {
         let who = crate::locks::terraform_who(&req.env);
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         if run.follower.is_some() {
             if let Some(store) = &self.locks.store {
                 let rec = Record {
@@ -515,7 +591,9 @@ impl Init {
                 };
                 match store.create(rec) {
                     Ok(h) => run.record = Some(h),
-                    Err(e) => tracing::warn!(run = %run.id, state_dir = %store.dir().display(), error = %e, "cannot write the lock-owner record; this run's lock will not be recoverable automatically"),
+                    Err(e) => {
+                        tracing::warn!(run = %run.id, state_dir = %store.dir().display(), error = %e, "cannot write the lock-owner record; this run's lock will not be recoverable automatically")
+                    }
                 }
             }
         }
@@ -525,7 +603,10 @@ impl Init {
                 for fd in [&started.stdout, &started.stderr] {
                     // A bigger pipe means fewer wake-ups for large outputs (plan -json, show -json).
                     let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
-                    let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+                    let _ = nix::fcntl::fcntl(
+                        fd,
+                        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+                    );
                 }
                 run.stdout = Some(started.stdout);
                 run.stderr = Some(started.stderr);
@@ -537,8 +618,15 @@ impl Init {
                 self.watch_pipes(id);
             }
             Err(e) => {
-                let code = if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 };
-                let msg = format!("tfinit: cannot start {:?} in {:?}: {e}", req.program, req.cwd);
+                let code = if e.kind() == io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+                let msg = format!(
+                    "tfinit: cannot start {:?} in {:?}: {e}",
+                    req.program, req.cwd
+                );
                 tracing::warn!(run = %run.id, "{msg}");
                 if let Some(h) = run.record.take() {
                     let _ = record::remove(&h.path);
@@ -546,23 +634,51 @@ impl Init {
                 let conn = run.conn;
                 self.runs.remove(&id);
                 if let Some(c) = conn {
-                    self.reply_exit(c, ExitNote { code, error: Some(msg), run_id: Some(format!("r{id}")), ..Default::default() });
+                    self.reply_exit(
+                        c,
+                        ExitNote {
+                            code,
+                            error: Some(msg),
+                            run_id: Some(format!("r{id}")),
+                            ..Default::default()
+                        },
+                    );
                 }
             }
         }
     }
 
     fn on_recovery_exit(&mut self, id: u64, exit: Exit) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         tracing::info!(run = %run.id, %exit, "lock recovery finished");
-        let state = std::mem::replace(&mut run.state, RunState::Started { pid: Pid::from_raw(0) });
-        let RunState::Recovering { request, stdin, .. } = state else { return };
+        let state = std::mem::replace(
+            &mut run.state,
+            RunState::Started {
+                pid: Pid::from_raw(0),
+            },
+        );
+        let RunState::Recovering { request, stdin, .. } = state else {
+            return;
+        };
         if run.killed || !self.timeline.accepts_runs() {
             let conn = run.conn;
             self.runs.remove(&id);
             if let Some(c) = conn {
-                let msg = format!("tfinit: the init is shutting down: terraform was not started (exit code {})", protocol::EXIT_REFUSED);
-                self.reply_exit(c, ExitNote { code: protocol::EXIT_REFUSED, error: Some(msg), run_id: Some(format!("r{id}")), ..Default::default() });
+                let msg = format!(
+                    "tfinit: the init is shutting down: terraform was not started (exit code {})",
+                    protocol::EXIT_REFUSED
+                );
+                self.reply_exit(
+                    c,
+                    ExitNote {
+                        code: protocol::EXIT_REFUSED,
+                        error: Some(msg),
+                        run_id: Some(format!("r{id}")),
+                        ..Default::default()
+                    },
+                );
             }
             return;
         }
@@ -570,10 +686,15 @@ impl Init {
     }
 
     fn watch_pipes(&mut self, id: u64) {
-        let Some(run) = self.runs.get(&id) else { return };
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
         for (fd, kind) in [(&run.stdout, KIND_STDOUT), (&run.stderr, KIND_STDERR)] {
             if let Some(fd) = fd {
-                if let Err(e) = self.epoll.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, token(kind, id))) {
+                if let Err(e) = self.epoll.add(
+                    fd.as_fd(),
+                    EpollEvent::new(EpollFlags::EPOLLIN, token(kind, id)),
+                ) {
                     tracing::warn!(run = %run.id, error = %e, "cannot watch terraform's output");
                 }
             }
@@ -583,7 +704,9 @@ impl Init {
     /// Stops reading a run's pipes while its shim lags (terraform then blocks on a full pipe,
     /// exactly as with a slow reader of a direct run).
     pub(super) fn pause(&mut self, id: u64) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         if run.paused {
             return;
         }
@@ -595,7 +718,9 @@ impl Init {
 
     /// Resumes reading a paused run's pipes.
     pub(super) fn resume(&mut self, id: u64) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         if !run.paused {
             return;
         }
@@ -606,7 +731,9 @@ impl Init {
     fn on_output(&mut self, id: u64, stream: Stream) {
         // Bounded per event so one chatty run cannot starve signals and other runs.
         for _ in 0..16 {
-            let Some(run) = self.runs.get_mut(&id) else { return };
+            let Some(run) = self.runs.get_mut(&id) else {
+                return;
+            };
             if run.paused {
                 return;
             }
@@ -667,7 +794,9 @@ impl Init {
     }
 
     fn close_pipe(&mut self, id: u64, stream: Stream) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         let slot = match stream {
             Stream::Stdout => &mut run.stdout,
             Stream::Stderr => &mut run.stderr,
@@ -681,7 +810,9 @@ impl Init {
     }
 
     fn on_terraform_exit(&mut self, id: u64, exit: Exit) {
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         run.exit = Some(exit);
         run.exited_at = Some(Instant::now());
         let dur = run.started.elapsed().map_or(0.0, |d| d.as_secs_f64());
@@ -702,12 +833,16 @@ impl Init {
     /// Ends a run once terraform was reaped and its output fully drained: sends the exit code to
     /// the shim, removes the record when terraform exited by itself (kept when killed).
     fn maybe_finish(&mut self, id: u64) {
-        let Some(run) = self.runs.get(&id) else { return };
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
         let Some(exit) = run.exit else { return };
         if run.stdout.is_some() || run.stderr.is_some() {
             return;
         }
-        let Some(mut run) = self.runs.remove(&id) else { return };
+        let Some(mut run) = self.runs.remove(&id) else {
+            return;
+        };
         if let Some(h) = run.record.take() {
             match exit {
                 Exit::Code(_) => {
@@ -722,7 +857,15 @@ impl Init {
             }
         }
         if let Some(c) = run.conn {
-            self.reply_exit(c, ExitNote { code: exit.code(), signal: exit.signal(), error: None, run_id: Some(run.id.clone()) });
+            self.reply_exit(
+                c,
+                ExitNote {
+                    code: exit.code(),
+                    signal: exit.signal(),
+                    error: None,
+                    run_id: Some(run.id.clone()),
+                },
+            );
         }
     }
 
@@ -730,7 +873,9 @@ impl Init {
     pub(super) fn detach(&mut self, id: u64) {
         let stopping = self.timeline.phase() == Phase::Stopping;
         let stop_timeout = self.cfg.stop_timeout;
-        let Some(run) = self.runs.get_mut(&id) else { return };
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
         run.conn = None;
         let was_paused = run.paused;
         if !run.alive() {
@@ -750,7 +895,9 @@ impl Init {
 
     /// A shim forwarded a signal it received.
     pub(super) fn on_shim_signal(&mut self, id: u64, signo: i32) {
-        let Some(run) = self.runs.get(&id) else { return };
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
         if self.timeline.phase() == Phase::Stopping {
             tracing::info!(run = %run.id, signal = %signals::name(signo), "the shim got a signal during shutdown; the shutdown timeline decides instead");
             return;
@@ -766,7 +913,11 @@ impl Init {
     pub(super) fn status(&self) -> protocol::Status {
         let now = Instant::now();
         let mut runs: Vec<_> = self.runs.values().map(Run::status).collect();
-        runs.sort_by(|a, b| a.started_unix.partial_cmp(&b.started_unix).unwrap_or(std::cmp::Ordering::Equal));
+        runs.sort_by(|a, b| {
+            a.started_unix
+                .partial_cmp(&b.started_unix)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         protocol::Status {
             v: protocol::VERSION,
             pid: std::process::id() as i32,
@@ -782,4 +933,3 @@ impl Init {
         }
     }
 }
-

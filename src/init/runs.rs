@@ -117,7 +117,10 @@ impl Run {
             cwd: self.cwd.to_string_lossy().into_owned(),
             subcommand: self.invocation.subcommand.clone(),
             argv: self.argv.clone(),
-            started_unix: self.started.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            started_unix: self
+                .started
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             attached: self.conn.is_some(),
             stop_requested: self.stop_requested,
         }

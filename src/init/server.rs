@@ -13,7 +13,9 @@ use nix::unistd::Pid;
 
 use super::event_loop::{Init, HIGH_WATER};
 use crate::locks::Locks;
-use crate::protocol::{self, Decoder, Envelope, ExitNote, Kind, Reply, Request, RunRequest, SignalNote};
+use crate::protocol::{
+    self, Decoder, Envelope, ExitNote, Kind, Reply, Request, RunRequest, SignalNote,
+};
 
 const KIND_CONN: u64 = 1;
 
@@ -87,7 +89,9 @@ impl Init {
     /// closed: only the init's own user may start terraform through it.
     pub(super) fn accept_all(&mut self) {
         loop {
-            let Some(listener) = &self.listener else { return };
+            let Some(listener) = &self.listener else {
+                return;
+            };
             let sock = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -102,7 +106,12 @@ impl Init {
             match getsockopt(&sock, sockopt::PeerCredentials) {
                 Ok(cred) if cred.uid() == me || cred.uid() == 0 => {}
                 Ok(cred) => {
-                    tracing::warn!(peer_uid = cred.uid(), peer_pid = cred.pid(), init_uid = me, "refused a client of another uid");
+                    tracing::warn!(
+                        peer_uid = cred.uid(),
+                        peer_pid = cred.pid(),
+                        init_uid = me,
+                        "refused a client of another uid"
+                    );
                     let note = ExitNote {
                         code: protocol::EXIT_INIT_ERROR,
                         error: Some(format!(
@@ -129,7 +138,10 @@ impl Init {
             let id = self.next_id;
             self.next_id += 1;
             let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
-            if let Err(e) = self.epoll.add(sock.as_fd(), EpollEvent::new(flags, conn_token(id))) {
+            if let Err(e) = self
+                .epoll
+                .add(sock.as_fd(), EpollEvent::new(flags, conn_token(id)))
+            {
                 tracing::warn!(error = %e, "cannot watch a client socket; client dropped");
                 continue;
             }
@@ -155,7 +167,12 @@ impl Init {
         if flags.contains(EpollFlags::EPOLLOUT) {
             self.flush_conn(id);
         }
-        if flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLHUP | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLERR) {
+        if flags.intersects(
+            EpollFlags::EPOLLIN
+                | EpollFlags::EPOLLHUP
+                | EpollFlags::EPOLLRDHUP
+                | EpollFlags::EPOLLERR,
+        ) {
             self.read_conn(id);
         }
     }
@@ -164,7 +181,9 @@ impl Init {
         let mut buf = [0u8; 16 << 10];
         // Bounded per event: a peer streaming garbage cannot hold the loop.
         for _ in 0..64 {
-            let Some(conn) = self.conns.get_mut(&id) else { return };
+            let Some(conn) = self.conns.get_mut(&id) else {
+                return;
+            };
             match crate::sys::recv_with_fds(conn.sock.as_fd(), &mut buf) {
                 Ok((0, _)) => {
                     self.close_conn(id, "peer closed");
@@ -195,7 +214,9 @@ impl Init {
     /// Handles every whole frame received; false when the connection was closed.
     fn process_frames(&mut self, id: u64) -> bool {
         loop {
-            let Some(conn) = self.conns.get_mut(&id) else { return false };
+            let Some(conn) = self.conns.get_mut(&id) else {
+                return false;
+            };
             let frame = match conn.decoder.next_frame() {
                 Ok(Some(f)) => f,
                 Ok(None) => return true,
@@ -231,7 +252,9 @@ impl Init {
                                 self.on_shim_signal(r, n.signal);
                             }
                         }
-                        Err(e) => tracing::debug!(conn = id, error = %e, "malformed signal note ignored"),
+                        Err(e) => {
+                            tracing::debug!(conn = id, error = %e, "malformed signal note ignored")
+                        }
                     }
                 }
                 other => {
@@ -251,17 +274,25 @@ impl Init {
             Request::Status => self.reply(id, true, None),
             Request::Drain => {
                 if self.timeline.drain() {
-                    tracing::info!(phase = "draining", runs = self.runs.len(), "draining: new terraform runs are refused until `tfinit resume`");
+                    tracing::info!(
+                        phase = "draining",
+                        runs = self.runs.len(),
+                        "draining: new terraform runs are refused until `tfinit resume`"
+                    );
                 }
                 self.reply(id, true, None);
             }
             Request::Resume => {
                 let ok = self.timeline.resume();
                 if ok {
-                    tracing::info!(phase = "running", "resumed: terraform runs are accepted again");
+                    tracing::info!(
+                        phase = "running",
+                        "resumed: terraform runs are accepted again"
+                    );
                 }
                 let phase = self.timeline.phase();
-                let err = (!ok && phase.as_str() != "running").then(|| format!("cannot resume: the init is {}", phase.as_str()));
+                let err = (!ok && phase.as_str() != "running")
+                    .then(|| format!("cannot resume: the init is {}", phase.as_str()));
                 self.reply(id, err.is_none(), err);
             }
         }
@@ -269,15 +300,27 @@ impl Init {
 
     fn reply(&mut self, id: u64, ok: bool, error: Option<String>) {
         let status = self.status();
-        let Some(conn) = self.conns.get_mut(&id) else { return };
-        conn.queue_json(Kind::Reply, &Reply { v: protocol::VERSION, ok, error, status: Some(status) });
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        conn.queue_json(
+            Kind::Reply,
+            &Reply {
+                v: protocol::VERSION,
+                ok,
+                error,
+                status: Some(status),
+            },
+        );
         conn.closing = true;
         self.flush_conn(id);
     }
 
     /// Sends the exit note of a run (or of a refused request) and closes after it.
     pub(super) fn reply_exit(&mut self, id: u64, note: ExitNote) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         conn.queue_json(Kind::Exit, &note);
         conn.closing = true;
         conn.run = None;
@@ -292,17 +335,29 @@ impl Init {
             let _ = run;
             return;
         }
-        self.reply_exit(id, ExitNote { code: protocol::EXIT_INIT_ERROR, error: Some(format!("tfinit: {problem}")), ..Default::default() });
+        self.reply_exit(
+            id,
+            ExitNote {
+                code: protocol::EXIT_INIT_ERROR,
+                error: Some(format!("tfinit: {problem}")),
+                ..Default::default()
+            },
+        );
         if let Some(c) = self.conns.get_mut(&id) {
             // Read nothing more from it.
-            let _ = self.epoll.modify(c.sock.as_fd(), &mut EpollEvent::new(EpollFlags::EPOLLOUT, conn_token(id)));
+            let _ = self.epoll.modify(
+                c.sock.as_fd(),
+                &mut EpollEvent::new(EpollFlags::EPOLLOUT, conn_token(id)),
+            );
             c.want_write = true;
         }
     }
 
     /// Writes queued frames; resumes a paused run when its shim caught up; closes when done.
     pub(super) fn flush_conn(&mut self, id: u64) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if let Err(e) = conn.write_some() {
             self.close_conn(id, &format!("write failed: {e}"));
             return;
@@ -319,7 +374,10 @@ impl Init {
             if want {
                 flags |= EpollFlags::EPOLLOUT;
             }
-            let _ = self.epoll.modify(conn.sock.as_fd(), &mut EpollEvent::new(flags, conn_token(id)));
+            let _ = self.epoll.modify(
+                conn.sock.as_fd(),
+                &mut EpollEvent::new(flags, conn_token(id)),
+            );
         }
         if queued < HIGH_WATER / 2 {
             if let Some(run) = conn.run {
@@ -329,7 +387,9 @@ impl Init {
     }
 
     fn close_conn(&mut self, id: u64, why: &str) {
-        let Some(conn) = self.conns.remove(&id) else { return };
+        let Some(conn) = self.conns.remove(&id) else {
+            return;
+        };
         let _ = self.epoll.delete(conn.sock.as_fd());
         tracing::debug!(conn = id, why, "client connection closed");
         if let Some(run) = conn.run {
@@ -361,12 +421,14 @@ fn validate_run(r: &RunRequest) -> Result<(), String> {
 /// Starts the lock-recovery helper for `workdir` (this binary, hidden subcommand), with the run's
 /// environment (backend credentials) and working directory, in its own process group.
 pub fn spawn_recovery(req: &RunRequest, locks: &Locks, workdir: &Path) -> io::Result<Pid> {
-    let store = locks.store.as_ref().ok_or_else(|| io::Error::other("no state directory"))?;
+    let store = locks
+        .store
+        .as_ref()
+        .ok_or_else(|| io::Error::other("no state directory"))?;
     let owner_json = serde_json::to_string(&locks.owner).map_err(io::Error::other)?;
     let mut cmd = std::process::Command::new("/proc/self/exe");
     std::os::unix::process::CommandExt::arg0(&mut cmd, "tfinit");
-    cmd
-        .arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
+    cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
         .arg("--workdir")
         .arg(workdir)
         .arg("--terraform")

@@ -29,7 +29,8 @@ pub fn signals() -> io::Result<SignalFd> {
     sys::reset_signal_dispositions();
     let mask = signals::init_mask();
     sys::block_signals(&mask)?;
-    SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).map_err(io::Error::from)
+    SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(io::Error::from)
 }
 
 /// Makes sure orphans come to us: as PID 1 they do; otherwise register as child subreaper.
@@ -70,7 +71,10 @@ pub fn socket_path(run_dir: &Path) -> PathBuf {
 /// Creates the run directory (0700, ours) and binds the control socket (0600), non-blocking.
 /// A stale socket from a previous init is replaced; anything else in its place is an error.
 pub fn control_socket(run_dir: &Path) -> Result<UnixListener, SocketError> {
-    let err = |problem: String| SocketError { dir: run_dir.to_path_buf(), problem };
+    let err = |problem: String| SocketError {
+        dir: run_dir.to_path_buf(),
+        problem,
+    };
     match fs::symlink_metadata(run_dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::DirBuilder::new()
@@ -106,10 +110,13 @@ pub fn control_socket(run_dir: &Path) -> Result<UnixListener, SocketError> {
         }
         Err(_) => {}
     }
-    let listener = UnixListener::bind(&path).map_err(|e| err(format!("bind {path:?} failed: {e}")))?;
+    let listener =
+        UnixListener::bind(&path).map_err(|e| err(format!("bind {path:?} failed: {e}")))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
         .map_err(|e| err(format!("chmod 0600 {path:?} failed: {e}")))?;
-    listener.set_nonblocking(true).map_err(|e| err(format!("O_NONBLOCK failed: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| err(format!("O_NONBLOCK failed: {e}")))?;
     Ok(listener)
 }
 

@@ -200,18 +200,28 @@ mod tests {
     use super::*;
 
     fn t() -> Timeline {
-        Timeline::new(Duration::from_secs(30), Duration::from_secs(10), Duration::from_secs(2))
+        Timeline::new(
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+        )
     }
 
     #[test]
     fn steps_come_at_their_times() {
         let mut tl = t();
         let t0 = Instant::now();
-        assert_eq!(tl.on_stop_signal(t0), Some(Transition::Began(Cause::Signal)));
+        assert_eq!(
+            tl.on_stop_signal(t0),
+            Some(Transition::Began(Cause::Signal))
+        );
         assert!(!tl.accepts_runs());
         assert_eq!(tl.due(t0 + Duration::from_secs(19)), None);
         assert_eq!(tl.next_wakeup(), Some(t0 + Duration::from_secs(20)));
-        assert_eq!(tl.due(t0 + Duration::from_secs(20)), Some(Transition::Graceful));
+        assert_eq!(
+            tl.due(t0 + Duration::from_secs(20)),
+            Some(Transition::Graceful)
+        );
         assert_eq!(tl.due(t0 + Duration::from_secs(20)), None);
         assert_eq!(tl.due(t0 + Duration::from_secs(27)), None);
         assert_eq!(tl.due(t0 + Duration::from_secs(28)), Some(Transition::Kill));
@@ -225,7 +235,11 @@ mod tests {
         let t0 = Instant::now();
         tl.on_stop_signal(t0);
         assert_eq!(tl.on_stop_signal(t0), Some(Transition::Graceful));
-        assert_eq!(tl.due(t0 + Duration::from_secs(20)), None, "graceful never sent twice");
+        assert_eq!(
+            tl.due(t0 + Duration::from_secs(20)),
+            None,
+            "graceful never sent twice"
+        );
         assert_eq!(tl.on_stop_signal(t0), Some(Transition::Kill));
         assert_eq!(tl.on_stop_signal(t0), None);
     }
@@ -234,9 +248,16 @@ mod tests {
     fn main_exit_starts_the_timeline_once() {
         let mut tl = t();
         let t0 = Instant::now();
-        assert_eq!(tl.on_main_exit(t0), Some(Transition::Began(Cause::MainExited)));
+        assert_eq!(
+            tl.on_main_exit(t0),
+            Some(Transition::Began(Cause::MainExited))
+        );
         assert_eq!(tl.on_main_exit(t0), None);
-        assert_eq!(tl.on_stop_signal(t0), None, "first signal after a crash does not escalate");
+        assert_eq!(
+            tl.on_stop_signal(t0),
+            None,
+            "first signal after a crash does not escalate"
+        );
         assert_eq!(tl.on_stop_signal(t0), Some(Transition::Graceful));
     }
 

@@ -50,11 +50,19 @@ pub fn main_child(argv: &[OsString], env: &[(&str, OsString)]) -> Result<Pid, Sp
         Ok(child) => Ok(Pid::from_raw(child.id() as i32)),
         Err(source) => {
             let hint = match source.kind() {
-                io::ErrorKind::NotFound => " (not found: check the path, or that it is on PATH inside the image)",
-                io::ErrorKind::PermissionDenied => " (permission denied: is it executable? chmod +x)",
+                io::ErrorKind::NotFound => {
+                    " (not found: check the path, or that it is on PATH inside the image)"
+                }
+                io::ErrorKind::PermissionDenied => {
+                    " (permission denied: is it executable? chmod +x)"
+                }
                 _ => "",
             };
-            Err(SpawnError { command: argv[0].to_string_lossy().into_owned(), source, hint })
+            Err(SpawnError {
+                command: argv[0].to_string_lossy().into_owned(),
+                source,
+                hint,
+            })
         }
     }
 }
@@ -98,5 +106,9 @@ pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> io::Result<Started
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(io::Error::other("stdout/stderr pipes missing after spawn"));
     };
-    Ok(Started { pid: Pid::from_raw(child.id() as i32), stdout: out.into(), stderr: err.into() })
+    Ok(Started {
+        pid: Pid::from_raw(child.id() as i32),
+        stdout: out.into(),
+        stderr: err.into(),
+    })
 }

@@ -66,10 +66,16 @@ impl Follower {
     }
 
     fn line(&mut self, raw: &[u8]) {
-        let Ok(text) = std::str::from_utf8(raw) else { return };
+        let Ok(text) = std::str::from_utf8(raw) else {
+            return;
+        };
         let clean = strip_ansi(text);
         let line = clean.trim();
-        let parsed = if line.starts_with('{') { parse_json(line) } else { parse_human(line) };
+        let parsed = if line.starts_with('{') {
+            parse_json(line)
+        } else {
+            parse_human(line)
+        };
         if let Some((addr, ev)) = parsed {
             let changed = match ev {
                 Event::Started => self.in_progress.insert(addr),
@@ -109,7 +115,10 @@ fn parse_human(line: &str) -> Option<(String, Event)> {
     if addr.is_empty() || addr.contains(' ') && !addr.contains('"') || !looks_like_address(addr) {
         return None;
     }
-    let ev = if rest.starts_with("Creating...") || rest.starts_with("Modifying...") || rest.starts_with("Destroying...") {
+    let ev = if rest.starts_with("Creating...")
+        || rest.starts_with("Modifying...")
+        || rest.starts_with("Destroying...")
+    {
         Event::Started
     } else if rest.starts_with("Creation complete")
         || rest.starts_with("Modifications complete")
@@ -165,9 +174,19 @@ mod tests {
     #[test]
     fn human_format() {
         let mut f = Follower::default();
-        f.feed(0, b"null_resource.a: Creating...\nnull_resource.b[0]: Creating...\n");
+        f.feed(
+            0,
+            b"null_resource.a: Creating...\nnull_resource.b[0]: Creating...\n",
+        );
         f.feed(0, b"module.m.null_resource.c[\"x\"]: Destroying... [id=1]\nnull_resource.a: Still creating... [10s elapsed]\n");
-        assert_eq!(f.in_progress(), vec!["module.m.null_resource.c[\"x\"]", "null_resource.a", "null_resource.b[0]"]);
+        assert_eq!(
+            f.in_progress(),
+            vec![
+                "module.m.null_resource.c[\"x\"]",
+                "null_resource.a",
+                "null_resource.b[0]"
+            ]
+        );
         assert!(f.take_changed());
         assert!(!f.take_changed());
         f.feed(0, b"null_resource.a: Creation complete after 2s [id=123]\nmodule.m.null_resource.c[\"x\"]: Destruction complete after 0s\n");

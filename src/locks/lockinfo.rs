@@ -39,7 +39,10 @@ pub enum Probe {
 /// Info block was printed.
 const FREE_MARKERS: [(&str, &str); 4] = [
     // s3 (DynamoDB): the lock item is missing, so its Info attribute is empty JSON.
-    ("s3", "failed to retrieve lock info: unexpected end of JSON input"),
+    (
+        "s3",
+        "failed to retrieve lock info: unexpected end of JSON input",
+    ),
     // kubernetes: the Lease has no holder.
     ("kubernetes", "state is already unlocked"),
     // azurerm: the blob has no lock metadata.
@@ -65,7 +68,10 @@ pub fn probe_safe(backend: &str) -> bool {
 
 /// Whether `id` is a plain lock id we may pass to force-unlock (UUID-like or numeric).
 pub fn plain_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') && !id.starts_with('-')
+    !id.is_empty()
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !id.starts_with('-')
 }
 
 /// Parses the probe's combined output for `backend`.
@@ -74,10 +80,17 @@ pub fn parse_probe(backend: &str, output: &str) -> Probe {
         return Probe::Held(info);
     }
     let flat = strip_ansi(output);
-    if FREE_MARKERS.iter().any(|(b, m)| *b == backend && flat.contains(m)) {
+    if FREE_MARKERS
+        .iter()
+        .any(|(b, m)| *b == backend && flat.contains(m))
+    {
         return Probe::Free;
     }
-    let first = flat.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output");
+    let first = flat
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no output");
     Probe::Unknown(first.chars().take(300).collect())
 }
 
@@ -89,8 +102,12 @@ pub fn parse_lock_info(output: &str) -> Option<LockInfo> {
     let mut seen = 0;
     for line in text[start + "Lock Info:".len()..].lines().take(12) {
         // Error lines of the new UI are prefixed with a box-drawing bar.
-        let l = line.trim_start_matches(|c: char| c.is_whitespace() || c == '│').trim_end();
-        let Some((k, v)) = l.split_once(':') else { continue };
+        let l = line
+            .trim_start_matches(|c: char| c.is_whitespace() || c == '│')
+            .trim_end();
+        let Some((k, v)) = l.split_once(':') else {
+            continue;
+        };
         let v = v.trim().to_string();
         match k.trim() {
             "ID" => info.id = v,
@@ -137,17 +154,29 @@ pub fn parse_go_time(s: &str) -> Option<u64> {
     let time = parts.next()?;
     let offset = parts.next().unwrap_or("+0000");
     let mut d = date.split('-');
-    let (y, mo, da): (i64, i64, i64) = (d.next()?.parse().ok()?, d.next()?.parse().ok()?, d.next()?.parse().ok()?);
+    let (y, mo, da): (i64, i64, i64) = (
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+    );
     if d.next().is_some() || !(1..=12).contains(&mo) || !(1..=31).contains(&da) {
         return None;
     }
     let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
     let mut t = hms.split(':');
-    let (h, mi, se): (i64, i64, i64) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?, t.next()?.parse().ok()?);
+    let (h, mi, se): (i64, i64, i64) = (
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+    );
     if h > 23 || mi > 59 || se > 60 {
         return None;
     }
-    let frac_digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).take(3).collect();
+    let frac_digits: String = frac
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .take(3)
+        .collect();
     let ms_frac: i64 = format!("{frac_digits:0<3}").parse().ok()?;
     let sign = match offset.as_bytes().first()? {
         b'+' => 1,
@@ -184,11 +213,13 @@ mod tests {
 
     #[test]
     fn parses_held_lock() {
-        let Probe::Held(i) = parse_probe("s3", HELD) else { panic!() };
+        let Probe::Held(i) = parse_probe("s3", HELD) else {
+            panic!()
+        };
         assert_eq!(i.id, "5e1d6a0c-4f0b-2b3a-9f1e-0123456789ab");
         assert_eq!(i.who, "@pod-a");
         assert_eq!(i.operation, "OperationTypeApply");
-        assert_eq!(i.created_ms, Some(1_795_391_999_123));
+        assert_eq!(i.created_ms, Some(1_795_305_599_123));
     }
 
     #[test]
@@ -197,16 +228,25 @@ mod tests {
             parse_probe("s3", "Failed to unlock state: failed to retrieve lock info: unexpected end of JSON input\n"),
             Probe::Free
         );
-        assert!(matches!(parse_probe("s3", "Error: NoCredentialProviders\n"), Probe::Unknown(_)));
+        assert!(matches!(
+            parse_probe("s3", "Error: NoCredentialProviders\n"),
+            Probe::Unknown(_)
+        ));
         // A free-marker of another backend does not count.
-        assert!(matches!(parse_probe("s3", "state is already unlocked"), Probe::Unknown(_)));
+        assert!(matches!(
+            parse_probe("s3", "state is already unlocked"),
+            Probe::Unknown(_)
+        ));
     }
 
     #[test]
     fn go_times() {
         assert_eq!(parse_go_time("1970-01-01 00:00:00 +0000 UTC"), Some(0));
         assert_eq!(parse_go_time("1970-01-01 01:00:00.5 +0100 CET"), Some(500));
-        assert_eq!(parse_go_time("2024-02-29 12:00:00 +0000 UTC"), Some(1_709_208_000_000));
+        assert_eq!(
+            parse_go_time("2024-02-29 12:00:00 +0000 UTC"),
+            Some(1_709_208_000_000)
+        );
         assert_eq!(parse_go_time("garbage"), None);
         assert_eq!(parse_go_time("2024-13-01 00:00:00 +0000 UTC"), None);
     }

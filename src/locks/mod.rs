@@ -49,7 +49,13 @@ impl Locks {
                 None
             }
         };
-        Locks { store, owner, ttl, auto_unlock, next_heartbeat: Instant::now() + ttl / 3 }
+        Locks {
+            store,
+            owner,
+            ttl,
+            auto_unlock,
+            next_heartbeat: Instant::now() + ttl / 3,
+        }
     }
 
     /// When the heartbeat is next due.
@@ -71,13 +77,16 @@ impl Locks {
 
     /// Whether `workdir` has a record of a dead owner (so a recovery must run before terraform).
     pub fn needs_recovery(&self, workdir: &Path) -> bool {
-        let Some(store) = &self.store else { return false };
+        let Some(store) = &self.store else {
+            return false;
+        };
         if !self.auto_unlock {
             return false;
         }
         store.list().into_iter().any(|f| match f {
             record::Found::Record(_, r) => {
-                Path::new(&r.workdir) == workdir && owner_dead(store, &self.owner, &r, self.ttl).is_some()
+                Path::new(&r.workdir) == workdir
+                    && owner_dead(store, &self.owner, &r, self.ttl).is_some()
             }
             _ => false,
         })
@@ -94,7 +103,10 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
         return None;
     }
     if rec.owner.name == me.name {
-        return Some(format!("it is an earlier incarnation of this owner ({}), which restarted", me.name));
+        return Some(format!(
+            "it is an earlier incarnation of this owner ({}), which restarted",
+            me.name
+        ));
     }
     match store.read_heartbeat(&rec.owner.name) {
         Some(hb) if !hb.owner.same_incarnation(&rec.owner) => Some(format!(
@@ -104,11 +116,22 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
         )),
         Some(hb) => {
             let age = record::age(hb.updated_ms);
-            (age > ttl).then(|| format!("its heartbeat is {}s old (TFINIT_OWNER_TTL is {}s)", age.as_secs(), ttl.as_secs()))
+            (age > ttl).then(|| {
+                format!(
+                    "its heartbeat is {}s old (TFINIT_OWNER_TTL is {}s)",
+                    age.as_secs(),
+                    ttl.as_secs()
+                )
+            })
         }
         None => {
             let age = record::age(rec.updated_ms);
-            (age > ttl).then(|| format!("it has no heartbeat and the record is {}s old", age.as_secs()))
+            (age > ttl).then(|| {
+                format!(
+                    "it has no heartbeat and the record is {}s old",
+                    age.as_secs()
+                )
+            })
         }
     }
 }
@@ -119,7 +142,10 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
 pub fn terraform_who(env: &[String]) -> String {
     let uid = nix::unistd::getuid();
     let user = passwd_name(uid.as_raw()).unwrap_or_else(|| {
-        let get = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')));
+        let get = |k: &str| {
+            env.iter()
+                .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
+        };
         match (get("USER"), get("HOME")) {
             (Some(u), Some(h)) if !u.is_empty() && !h.is_empty() => u.to_string(),
             _ => String::new(),

@@ -20,7 +20,9 @@ const MAX_FILE: u64 = 1 << 20;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Who ran terraform: one incarnation of an owner (a pod, a container restart of it).
@@ -45,13 +47,29 @@ impl Owner {
         let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
-        Owner { name: name.to_string(), boot_id, started_ms: now_ms(), pid: std::process::id() as i32, pod_uid }
+        Owner {
+            name: name.to_string(),
+            boot_id,
+            started_ms: now_ms(),
+            pid: std::process::id() as i32,
+            pod_uid,
+        }
     }
 
     /// A short string that differs between incarnations of the same name.
     pub fn incarnation(&self) -> String {
-        let boot: String = self.boot_id.chars().filter(|c| c.is_ascii_hexdigit()).take(8).collect();
-        format!("{}-{}-{}", if boot.is_empty() { "noboot" } else { &boot }, self.started_ms, self.pid)
+        let boot: String = self
+            .boot_id
+            .chars()
+            .filter(|c| c.is_ascii_hexdigit())
+            .take(8)
+            .collect();
+        format!(
+            "{}-{}-{}",
+            if boot.is_empty() { "noboot" } else { &boot },
+            self.started_ms,
+            self.pid
+        )
     }
 
     /// Whether `other` is this very incarnation.
@@ -119,9 +137,13 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
     struct Version {
         v: u32,
     }
-    let version: Version = serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
+    let version: Version =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
     if version.v != FORMAT {
-        return Err(format!("format version {} (this tfinit reads {FORMAT})", version.v));
+        return Err(format!(
+            "format version {} (this tfinit reads {FORMAT})",
+            version.v
+        ));
     }
     serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))
 }
@@ -148,7 +170,9 @@ pub struct RecordHandle {
 impl Store {
     /// A store at `dir`; nothing is touched yet.
     pub fn new(dir: &Path) -> Store {
-        Store { dir: dir.to_path_buf() }
+        Store {
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// The directory.
@@ -167,19 +191,31 @@ impl Store {
     /// Creates the subdirectories and proves the directory writable.
     pub fn prepare(&self) -> io::Result<()> {
         if !self.dir.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "does not exist or is not a directory"));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "does not exist or is not a directory",
+            ));
         }
         fs::create_dir_all(self.records_dir())?;
         fs::create_dir_all(self.owners_dir())?;
-        let probe = self.dir.join(format!(".tfinit-write-test.{}", std::process::id()));
+        let probe = self
+            .dir
+            .join(format!(".tfinit-write-test.{}", std::process::id()));
         atomic_write(&probe, b"ok")?;
         fs::remove_file(&probe)
     }
 
     /// Refreshes `owner`'s heartbeat.
     pub fn heartbeat(&self, owner: &Owner) -> io::Result<()> {
-        let hb = Heartbeat { v: FORMAT, owner: owner.clone(), updated_ms: now_ms() };
-        atomic_write(&self.owners_dir().join(format!("{}.json", owner.name)), &to_json(&hb))
+        let hb = Heartbeat {
+            v: FORMAT,
+            owner: owner.clone(),
+            updated_ms: now_ms(),
+        };
+        atomic_write(
+            &self.owners_dir().join(format!("{}.json", owner.name)),
+            &to_json(&hb),
+        )
     }
 
     /// Reads an owner's heartbeat; None when missing or unreadable.
@@ -191,10 +227,20 @@ impl Store {
 
     /// Writes a new record and returns its handle.
     pub fn create(&self, record: Record) -> io::Result<RecordHandle> {
-        let name = format!("{}.{}.{}.json", record.owner.name, record.owner.incarnation(), record.run_id);
+        let name = format!(
+            "{}.{}.{}.json",
+            record.owner.name,
+            record.owner.incarnation(),
+            record.run_id
+        );
         let path = self.records_dir().join(name);
         atomic_write(&path, &to_json(&record))?;
-        Ok(RecordHandle { path, record, dirty: false, written: std::time::Instant::now() })
+        Ok(RecordHandle {
+            path,
+            record,
+            dirty: false,
+            written: std::time::Instant::now(),
+        })
     }
 
     /// Rewrites a record (its in-progress set changed).
@@ -208,7 +254,9 @@ impl Store {
 
     /// Every record file, parsed or not.
     pub fn list(&self) -> Vec<Found> {
-        let Ok(entries) = fs::read_dir(self.records_dir()) else { return Vec::new() };
+        let Ok(entries) = fs::read_dir(self.records_dir()) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for e in entries.flatten() {
             let path = e.path();
@@ -242,7 +290,10 @@ fn future_version(bytes: &[u8]) -> Option<u32> {
     struct Version {
         v: u32,
     }
-    serde_json::from_slice::<Version>(bytes).ok().map(|v| v.v).filter(|v| *v > FORMAT)
+    serde_json::from_slice::<Version>(bytes)
+        .ok()
+        .map(|v| v.v)
+        .filter(|v| *v > FORMAT)
 }
 
 /// Renames an unreadable record aside (`*.corrupt`) so it is reported once and never stops anyone.
@@ -255,7 +306,9 @@ pub fn set_aside_corrupt(path: &Path, problem: &str) {
             problem,
             "lock-owner record cannot be read and was renamed aside; check it by hand, then delete it"
         ),
-        Err(e) => tracing::warn!(file = %path.display(), problem, error = %e, "lock-owner record cannot be read, nor renamed aside"),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), problem, error = %e, "lock-owner record cannot be read, nor renamed aside")
+        }
     }
 }
 
@@ -295,7 +348,12 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
         std::process::id()
     ));
     let result = (|| {
-        let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -349,15 +407,35 @@ mod tests {
             other => panic!("{other:?}"),
         }
         fs::write(dir.join("records/bad.json"), b"{\"v\":1,\"owner\":").unwrap();
-        fs::write(dir.join("records/next.json"), b"{\"v\":7,\"whatever\":true}").unwrap();
+        fs::write(
+            dir.join("records/next.json"),
+            b"{\"v\":7,\"whatever\":true}",
+        )
+        .unwrap();
         fs::write(dir.join("records/empty.json"), b"").unwrap();
         let found = store.list();
-        assert_eq!(found.iter().filter(|f| matches!(f, Found::Corrupt(..))).count(), 2);
-        assert_eq!(found.iter().filter(|f| matches!(f, Found::Future(_, 7))).count(), 1);
+        assert_eq!(
+            found
+                .iter()
+                .filter(|f| matches!(f, Found::Corrupt(..)))
+                .count(),
+            2
+        );
+        assert_eq!(
+            found
+                .iter()
+                .filter(|f| matches!(f, Found::Future(_, 7)))
+                .count(),
+            1
+        );
         remove(&h.path).unwrap();
         remove(&h.path).unwrap();
         store.heartbeat(&owner).unwrap();
-        assert!(store.read_heartbeat("pod-a").unwrap().owner.same_incarnation(&owner));
+        assert!(store
+            .read_heartbeat("pod-a")
+            .unwrap()
+            .owner
+            .same_incarnation(&owner));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

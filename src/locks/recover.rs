@@ -141,18 +141,27 @@ impl Recovery {
                     tracing::warn!(record = %path.display(), orphan_candidates = ?orphans, "{}: the state lock is free, but resources were in progress when it died: check them and import or delete", base());
                 }
             }
-            Outcome::NothingToRelease(b) => tracing::info!(record = %path.display(), backend = %b, orphan_candidates = ?orphans, "{}: the {b} backend's lock ends with its process; record removed", base()),
+            Outcome::NothingToRelease(b) => {
+                tracing::info!(record = %path.display(), backend = %b, orphan_candidates = ?orphans, "{}: the {b} backend's lock ends with its process; record removed", base())
+            }
             Outcome::Unsupported(b) => tracing::warn!(
                 record = %path.display(), backend = %b, orphan_candidates = ?orphans,
                 "{}: automatic recovery is not supported for the {b} backend (force-unlock there deletes any lock, whoever holds it); if terraform reports the lock held by {}, release it by hand with `terraform force-unlock`", base(), rec.who
             ),
-            Outcome::Unknown(msg) => tracing::warn!(record = %path.display(), probe = %msg, "{}: could not read the state lock; nothing touched, will try again before the next run", base()),
-            Outcome::UnlockFailed(msg) => tracing::warn!(record = %path.display(), error = %msg, "{}: force-unlock failed; record kept, will try again before the next run", base()),
+            Outcome::Unknown(msg) => {
+                tracing::warn!(record = %path.display(), probe = %msg, "{}: could not read the state lock; nothing touched, will try again before the next run", base())
+            }
+            Outcome::UnlockFailed(msg) => {
+                tracing::warn!(record = %path.display(), error = %msg, "{}: force-unlock failed; record kept, will try again before the next run", base())
+            }
             Outcome::OwnerAlive | Outcome::Elsewhere => {}
         }
         if !self.dry_run {
             match &outcome {
-                Outcome::Unlocked(_) | Outcome::HeldByOther(_) | Outcome::Free | Outcome::NothingToRelease(_) => {
+                Outcome::Unlocked(_)
+                | Outcome::HeldByOther(_)
+                | Outcome::Free
+                | Outcome::NothingToRelease(_) => {
                     if let Err(e) = record::remove(path) {
                         tracing::warn!(record = %path.display(), error = %e, "cannot remove the record");
                     }
@@ -168,7 +177,11 @@ impl Recovery {
     }
 
     fn probe_and_decide(&self, backend: &str, workdir: &Path, rec: &Record) -> Outcome {
-        let probe = match run_terraform(&self.terraform, workdir, &["force-unlock", "-force", lockinfo::probe_id(backend)]) {
+        let probe = match run_terraform(
+            &self.terraform,
+            workdir,
+            &["force-unlock", "-force", lockinfo::probe_id(backend)],
+        ) {
             Ok((_, output)) => lockinfo::parse_probe(backend, &output),
             Err(e) => return Outcome::Unknown(e),
         };
@@ -185,9 +198,20 @@ impl Recovery {
         if self.dry_run {
             return Outcome::Unlocked(info);
         }
-        match run_terraform(&self.terraform, workdir, &["force-unlock", "-force", &info.id]) {
+        match run_terraform(
+            &self.terraform,
+            workdir,
+            &["force-unlock", "-force", &info.id],
+        ) {
             Ok((true, _)) => Outcome::Unlocked(info),
-            Ok((false, output)) => Outcome::UnlockFailed(output.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()),
+            Ok((false, output)) => Outcome::UnlockFailed(
+                output
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+            ),
             Err(e) => Outcome::UnlockFailed(e),
         }
     }
@@ -196,17 +220,27 @@ impl Recovery {
 /// The backend type a working directory was initialised with (`.terraform/terraform.tfstate`,
 /// or `$TF_DATA_DIR/terraform.tfstate`); None when not initialised or local.
 pub fn backend_type(workdir: &Path) -> Option<String> {
-    let data_dir = std::env::var_os("TF_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".terraform"));
+    let data_dir = std::env::var_os("TF_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".terraform"));
     let file = workdir.join(data_dir).join("terraform.tfstate");
     let mut bytes = Vec::new();
-    fs::File::open(file).ok()?.take(1 << 20).read_to_end(&mut bytes).ok()?;
+    fs::File::open(file)
+        .ok()?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)
+        .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     v.get("backend")?.get("type")?.as_str().map(str::to_string)
 }
 
 /// Runs terraform with `args` in `workdir` (argv, no shell), non-interactive, with a timeout.
 /// Returns whether it succeeded and its combined output.
-fn run_terraform(terraform: &Path, workdir: &Path, args: &[&str]) -> Result<(bool, String), String> {
+fn run_terraform(
+    terraform: &Path,
+    workdir: &Path,
+    args: &[&str],
+) -> Result<(bool, String), String> {
     let mut cmd = Command::new(terraform);
     cmd.args(args)
         .current_dir(workdir)
@@ -221,7 +255,9 @@ fn run_terraform(terraform: &Path, workdir: &Path, args: &[&str]) -> Result<(boo
             cmd.env_remove(k);
         }
     }
-    let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", terraform.display()))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", terraform.display()))?;
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
     let reader = std::thread::spawn(move || {
@@ -243,14 +279,21 @@ fn run_terraform(terraform: &Path, workdir: &Path, args: &[&str]) -> Result<(boo
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("terraform {} timed out after {}s", args.join(" "), TERRAFORM_TIMEOUT.as_secs()));
+                return Err(format!(
+                    "terraform {} timed out after {}s",
+                    args.join(" "),
+                    TERRAFORM_TIMEOUT.as_secs()
+                ));
             }
             Err(e) => return Err(format!("waiting for terraform failed: {e}")),
         }
     };
     let mut combined = reader.join().unwrap_or_default();
     combined.extend_from_slice(&err_bytes);
-    Ok((status.success(), String::from_utf8_lossy(&combined).into_owned()))
+    Ok((
+        status.success(),
+        String::from_utf8_lossy(&combined).into_owned(),
+    ))
 }
 
 /// Where `tfinit recover` finds this container's live incarnation: the heartbeat of our owner

@@ -1,0 +1,170 @@
+//! Shared helpers of the integration tests: the binaries, PID namespaces, temp dirs, polling.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tfinit binary under test.
+pub fn tfinit() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tfinit"))
+}
+
+/// The test helper binary.
+pub fn helper() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tfinit-test-helper"))
+}
+
+/// Whether we are root (PID-namespace tests need it).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Fails (under CI or TFINIT_REQUIRE_DEPS) or skips with one line when a precondition is missing.
+/// Returns true when the test should go on.
+pub fn require(ok: bool, what: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var_os("TFINIT_REQUIRE_DEPS").is_some() || std::env::var_os("CI").is_some() {
+        panic!("missing test precondition: {what} (run scripts/test.sh, which installs it)");
+    }
+    eprintln!("SKIP: {what}");
+    false
+}
+
+/// Root of the repository.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The test dependencies directory (scripts/install-test-deps.sh fills it).
+pub fn deps() -> PathBuf {
+    std::env::var_os("TFINIT_TEST_DEPS").map(PathBuf::from).unwrap_or_else(|| repo().join(".test-deps"))
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates `/tmp/tfinit-test-<name>-<pid>-<n>`.
+    pub fn new(name: &str) -> TempDir {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "tfinit-test-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    /// A path inside.
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("TFINIT_KEEP_TEMP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A command that runs `tfinit ARGS` as PID 1 of a new PID namespace (and mount namespace, so
+/// /proc shows only that namespace). With `uts`, also a new UTS namespace named `hostname`.
+pub fn pid1(hostname: Option<&str>) -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+    match hostname {
+        Some(h) => {
+            c.arg("--uts");
+            c.arg("sh").arg("-c").arg(format!("hostname {h} && exec \"$0\" \"$@\""));
+        }
+        None => {}
+    }
+    c.arg(tfinit());
+    c
+}
+
+/// Polls `f` every 10 ms until it returns Some or `timeout` passes (then panics with `what`).
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a child with a deadline; kills it and panics on timeout.
+pub fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs a command to completion with a deadline, capturing output.
+pub fn run_output(cmd: &mut Command, timeout: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err, &mut v);
+        v
+    });
+    let status = wait_child(&mut child, timeout, "command");
+    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+}
+
+/// Reads a file, or empty when missing.
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// A directory with a `terraform` symlink to tfinit (the shim), to put first on PATH.
+pub fn shim_dir(tmp: &TempDir) -> PathBuf {
+    let d = tmp.join("shim");
+    std::fs::create_dir_all(&d).unwrap();
+    let _ = std::os::unix::fs::symlink(tfinit(), d.join("terraform"));
+    d
+}
+
+/// A directory with a fake `terraform` (the helper under that name), to put after the shim.
+pub fn fake_terraform_dir(tmp: &TempDir) -> PathBuf {
+    let d = tmp.join("fake");
+    std::fs::create_dir_all(&d).unwrap();
+    let _ = std::os::unix::fs::symlink(helper(), d.join("terraform"));
+    d
+}
+
+/// PATH with `dirs` first.
+pub fn path_with(dirs: &[&Path]) -> String {
+    let mut parts: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    parts.push(std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
+    parts.join(":")
+}

@@ -241,6 +241,8 @@ impl InitConfig {
     /// Validates the init's settings; `matches` (when given) lets errors name flags.
     pub fn from_args(args: &InitArgs, matches: Option<&ArgMatches>) -> Result<Self, ConfigError> {
         let n = Namer { matches };
+        // An empty variable counts as unset: manifests and Helm charts often render `value: ""`.
+        let args = &args.without_empty();
         let forward = match args.forward.as_deref().map(str::trim) {
             None | Some("group") => ForwardTo::Group,
             Some("child") => ForwardTo::Child,
@@ -406,6 +408,28 @@ impl InitConfig {
     }
 }
 
+impl InitArgs {
+    /// A copy where empty or blank values are None.
+    fn without_empty(&self) -> InitArgs {
+        let text = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+        let path = |v: &Option<PathBuf>| v.clone().filter(|p| !p.as_os_str().is_empty());
+        InitArgs {
+            forward: text(&self.forward),
+            rewrite: text(&self.rewrite),
+            grace_period: text(&self.grace_period),
+            stop_timeout: text(&self.stop_timeout),
+            kill_margin: text(&self.kill_margin),
+            log: text(&self.log),
+            log_format: text(&self.log_format),
+            run_dir: path(&self.run_dir),
+            state_dir: path(&self.state_dir),
+            owner: text(&self.owner),
+            owner_ttl: text(&self.owner_ttl),
+            force_unlock: text(&self.force_unlock),
+        }
+    }
+}
+
 /// Whether `s` can name an owner (it becomes part of file names in the state directory).
 pub fn valid_owner(s: &str) -> bool {
     !s.is_empty()
@@ -520,6 +544,14 @@ mod tests {
         let e = InitConfig::from_args(&args, None).unwrap_err().to_string();
         assert!(e.contains("TFINIT_GRACE_PERIOD=\"soon\""), "{e}");
         assert!(e.contains("for example TFINIT_GRACE_PERIOD=30s"), "{e}");
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        let args = InitArgs { grace_period: Some(String::new()), forward: Some(" ".into()), ..Default::default() };
+        let cfg = InitConfig::from_args(&args, None).unwrap();
+        assert_eq!(cfg.grace_period, DEFAULT_GRACE);
+        assert_eq!(cfg.forward, ForwardTo::Group);
     }
 
     #[test]

@@ -80,18 +80,49 @@ pub fn block_signals(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
-/// Gives the child started by `cmd` a normal signal state: an empty signal mask (the init blocks
-/// everything it reads through its signalfd, and a mask survives exec). Dispositions were reset
-/// to SIG_DFL at start-up, and std resets SIGPIPE, which it ignores in the parent.
-pub fn clean_signal_mask_in_child(cmd: &mut Command) {
-    // SAFETY: the closure runs between fork and exec and calls only sigemptyset and
-    // sigprocmask, both async-signal-safe; it allocates nothing and touches no lock.
+/// The soft RLIMIT_NOFILE tfinit was started with, when it raised its own (see `raise_nofile`).
+static ORIGINAL_NOFILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Raises the soft open-files limit to the hard one: the init holds a socket and two pipes per
+/// terraform run and a socket per client (a thousand shims at once is a tested case). Children
+/// get the original soft limit back (see `child_defaults`), so nothing changes for them.
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid, writable rlimit for getrlimit and read-only for setrlimit.
     unsafe {
-        cmd.pre_exec(|| {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let original = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            ORIGINAL_NOFILE.store(original, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Gives the child started by `cmd` the process state a normal program expects: an empty signal
+/// mask (the init blocks everything it reads through its signalfd, and a mask survives exec) and
+/// the open-files limit tfinit was started with. Dispositions were reset to SIG_DFL at start-up,
+/// and std resets SIGPIPE, which it ignores in the parent.
+pub fn child_defaults(cmd: &mut Command) {
+    let nofile = ORIGINAL_NOFILE.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the closure runs between fork and exec and calls only sigemptyset, sigprocmask,
+    // getrlimit and setrlimit: plain syscalls without locks or allocation (async-signal-safe in
+    // practice on Linux; the first two by POSIX).
+    unsafe {
+        cmd.pre_exec(move || {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            if nofile != u64::MAX {
+                let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+                    lim.rlim_cur = nofile;
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                }
             }
             Ok(())
         });

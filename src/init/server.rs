@@ -445,6 +445,7 @@ pub fn spawn_recovery(req: &RunRequest, locks: &Locks, workdir: &Path) -> io::Re
         .stdout(std::process::Stdio::inherit())
         .stderr(std::process::Stdio::inherit());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    crate::sys::child_defaults(&mut cmd);
     for kv in &req.env {
         if let Some((k, v)) = kv.split_once('=') {
             if !k.is_empty() {

@@ -27,6 +27,7 @@ pub enum Mode {
 /// before any thread exists: a signalfd only sees signals blocked in every thread.
 pub fn signals() -> io::Result<SignalFd> {
     sys::reset_signal_dispositions();
+    sys::raise_nofile();
     let mask = signals::init_mask();
     sys::block_signals(&mask)?;
     SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)

@@ -1,7 +1,7 @@
 //! Starting processes: the controller (the main child) and terraform runs.
 //!
 //! Both start in a process group of their own, with an empty signal mask and default dispositions
-//! (the init reset every disposition at start-up; `sys::clean_signal_mask_in_child` empties the mask).
+//! (the init reset every disposition at start-up; `sys::child_defaults` empties the mask).
 
 use std::ffi::OsString;
 use std::io;
@@ -44,7 +44,7 @@ pub fn main_child(argv: &[OsString], env: &[(&str, OsString)]) -> Result<Pid, Sp
     for (k, v) in env {
         cmd.env(k, v);
     }
-    sys::clean_signal_mask_in_child(&mut cmd);
+    sys::child_defaults(&mut cmd);
     sys::take_terminal_foreground_in_child(&mut cmd);
     match cmd.spawn() {
         Ok(child) => Ok(Pid::from_raw(child.id() as i32)),
@@ -97,7 +97,7 @@ pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> io::Result<Started
             }
         }
     }
-    sys::clean_signal_mask_in_child(&mut cmd);
+    sys::child_defaults(&mut cmd);
     match stdin {
         Some(fd) => cmd.stdin(Stdio::from(fd)),
         None => cmd.stdin(Stdio::null()),

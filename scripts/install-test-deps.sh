@@ -39,8 +39,9 @@ STEP=""
 
 step() { STEP=$1; printf '[install-test-deps] %-34s ' "$1"; }
 ok()   { printf '%s\n' "${1:-ok}"; }
-die()  { printf '\n[install-test-deps] FAILED in step "%s": %s\n' "$STEP" "$*" >&2; exit 1; }
-trap 'rc=$?; if [ $rc -ne 0 ]; then printf "\n[install-test-deps] FAILED in step \"%s\" (exit %s, line %s)\n" "$STEP" "$rc" "$LINENO" >&2; fi' EXIT
+REPORTED=""
+die()  { REPORTED=1; printf '\n[install-test-deps] FAILED in step "%s": %s\n' "$STEP" "$*" >&2; exit 1; }
+trap 'rc=$?; if [ $rc -ne 0 ] && [ -z "$REPORTED" ]; then printf "\n[install-test-deps] FAILED in step \"%s\" (exit %s)\n" "$STEP" "$rc" >&2; fi' EXIT
 
 run_logged() { # run a command, show its output only on failure
     local log

@@ -548,7 +548,11 @@ mod tests {
 
     #[test]
     fn empty_values_count_as_unset() {
-        let args = InitArgs { grace_period: Some(String::new()), forward: Some(" ".into()), ..Default::default() };
+        let args = InitArgs {
+            grace_period: Some(String::new()),
+            forward: Some(" ".into()),
+            ..Default::default()
+        };
         let cfg = InitConfig::from_args(&args, None).unwrap();
         assert_eq!(cfg.grace_period, DEFAULT_GRACE);
         assert_eq!(cfg.forward, ForwardTo::Group);

@@ -87,7 +87,10 @@ static ORIGINAL_NOFILE: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 /// terraform run and a socket per client (a thousand shims at once is a tested case). Children
 /// get the original soft limit back (see `child_defaults`), so nothing changes for them.
 pub fn raise_nofile() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `lim` is a valid, writable rlimit for getrlimit and read-only for setrlimit.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
@@ -118,7 +121,10 @@ pub fn child_defaults(cmd: &mut Command) {
                 return Err(io::Error::last_os_error());
             }
             if nofile != u64::MAX {
-                let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                let mut lim = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
                 if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
                     lim.rlim_cur = nofile;
                     libc::setrlimit(libc::RLIMIT_NOFILE, &lim);

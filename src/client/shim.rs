@@ -13,7 +13,6 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::{read_frame, write_frame};
@@ -106,11 +105,13 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
 
 /// Sends the request, then relays frames until the exit note arrives.
 fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
-    let mut stops = SigSet::empty();
-    stops.add(Signal::SIGTERM);
-    stops.add(Signal::SIGINT);
-    stops.thread_block().map_err(io::Error::from)?;
-    let sigfd = SignalFd::with_flags(&stops, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+    // Every catchable signal is read here rather than acted on: the shim sits in the controller's
+    // process group, so signals meant for the controller (a SIGHUP forwarded by the init, say)
+    // reach it too, and dying of one would abandon terraform. Only SIGTERM and SIGINT mean
+    // "stop terraform"; the rest are ignored. SIGKILL still ends the shim, never terraform.
+    let mask = crate::signals::init_mask();
+    mask.thread_block().map_err(io::Error::from)?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
 
     let body = serde_json::to_vec(&Envelope {
         v: protocol::VERSION,
@@ -138,9 +139,12 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
         };
         if ready.1 {
             while let Ok(Some(info)) = sigfd.read_signal() {
-                let note = SignalNote {
-                    signal: info.ssi_signo as i32,
-                };
+                let signo = info.ssi_signo as i32;
+                if signo != libc::SIGTERM && signo != libc::SIGINT {
+                    tracing::debug!(signal = %crate::signals::name(signo), "ignored: only SIGTERM and SIGINT stop terraform");
+                    continue;
+                }
+                let note = SignalNote { signal: signo };
                 let body = serde_json::to_vec(&note).map_err(io::Error::other)?;
                 write_frame(&mut sock, Kind::Signal, &body)?;
             }

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -313,10 +314,11 @@ def run(args):
         marks = marker_ids(work)
         orphans = marks - ids
         lost = ids - marks
-        flagged = sum(1 for o in orphans if False)  # ids are unknown to tfinit; addresses are counted below
-        recovery_log = b.text()
-        if orphans and "orphan_candidates" in recovery_log and "null_resource.r" in recovery_log:
-            flagged = len(orphans)
+        # tfinit names orphan candidates by address (it cannot know the ids): count the distinct
+        # addresses its recovery warning listed, at most one per orphan.
+        named = set(re.findall(r'null_resource\.r\[\d+\]', " ".join(
+            l for l in b.text().splitlines() if "orphan_candidates" in l)))
+        flagged = min(len(orphans), len(named))
         totals["orphans"] += len(orphans)
         totals["orphans_flagged"] += flagged
         totals["lost"] += len(lost)

@@ -2,12 +2,25 @@
 //!
 //! Every init setting is also a `TFINIT_*` environment variable; a flag wins over the variable.
 //! Values are taken as text here and validated in [`crate::config`], so that a bad value's error
-//! names where it came from (the variable or the flag), the value, and a good example.
+//! names where it came from (the variable or the flag), the value, and a good example. Hence the
+//! lenient parsers below: clap's own would refuse an empty path or a non-UTF-8 value with a message
+//! that names neither the variable nor a good value.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
+
+/// Any text; bytes that are not UTF-8 become U+FFFD, which validation then refuses by name.
+fn text() -> impl TypedValueParser<Value = String> {
+    OsStringValueParser::new().map(|s| s.to_string_lossy().into_owned())
+}
+
+/// Any path, empty included (an empty value counts as unset; see `config`).
+fn path() -> impl TypedValueParser<Value = PathBuf> {
+    OsStringValueParser::new().map(PathBuf::from)
+}
 
 /// tfinit: PID 1 for containers of controllers that drive terraform.
 #[derive(Debug, Parser)]
@@ -39,53 +52,53 @@ pub struct Cli {
 #[derive(Debug, Args, Default)]
 pub struct InitArgs {
     /// Where forwarded signals go: `group` (the controller's process group) or `child`.
-    #[arg(long, env = "TFINIT_FORWARD", value_name = "group|child")]
+    #[arg(long, env = "TFINIT_FORWARD", value_name = "group|child", value_parser = text())]
     pub forward: Option<String>,
 
     /// Signal rewrites applied before forwarding, e.g. `TERM:INT,USR1:HUP`.
-    #[arg(long, env = "TFINIT_REWRITE", value_name = "FROM:TO,...")]
+    #[arg(long, env = "TFINIT_REWRITE", value_name = "FROM:TO,...", value_parser = text())]
     pub rewrite: Option<String>,
 
     /// Budget from the first SIGTERM (or the controller's exit) to the hard kill. Match the pod's
     /// terminationGracePeriodSeconds. Default 30s.
-    #[arg(long, env = "TFINIT_GRACE_PERIOD", value_name = "DURATION")]
+    #[arg(long, env = "TFINIT_GRACE_PERIOD", value_name = "DURATION", value_parser = text())]
     pub grace_period: Option<String>,
 
     /// How long before the deadline terraform runs get their one graceful SIGTERM; also how long an
     /// abandoned run may take to stop before its group is SIGKILLed. Default 10s.
-    #[arg(long, env = "TFINIT_STOP_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, env = "TFINIT_STOP_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub stop_timeout: Option<String>,
 
     /// How long before the deadline everything left is SIGKILLed. Default 2s.
-    #[arg(long, env = "TFINIT_KILL_MARGIN", value_name = "DURATION")]
+    #[arg(long, env = "TFINIT_KILL_MARGIN", value_name = "DURATION", value_parser = text())]
     pub kill_margin: Option<String>,
 
     /// Log level: error, warn, info, debug, trace. Default info.
-    #[arg(long = "log", env = "TFINIT_LOG", value_name = "LEVEL")]
+    #[arg(long = "log", env = "TFINIT_LOG", value_name = "LEVEL", value_parser = text())]
     pub log: Option<String>,
 
     /// Log format on stderr: `text` or `json` (one object per line). Default text.
-    #[arg(long, env = "TFINIT_LOG_FORMAT", value_name = "text|json")]
+    #[arg(long, env = "TFINIT_LOG_FORMAT", value_name = "text|json", value_parser = text())]
     pub log_format: Option<String>,
 
     /// Directory of the init's control socket. Default $XDG_RUNTIME_DIR/tfinit or /tmp/tfinit-<uid>.
-    #[arg(long, env = "TFINIT_RUN_DIR", value_name = "DIR")]
+    #[arg(long, env = "TFINIT_RUN_DIR", value_name = "DIR", value_parser = path())]
     pub run_dir: Option<PathBuf>,
 
     /// Directory for lock-owner records and heartbeats (mount a volume). Default /var/lib/tfinit.
-    #[arg(long, env = "TFINIT_STATE_DIR", value_name = "DIR")]
+    #[arg(long, env = "TFINIT_STATE_DIR", value_name = "DIR", value_parser = path())]
     pub state_dir: Option<PathBuf>,
 
     /// This owner's name in lock-owner records. Default: the hostname (the pod name).
-    #[arg(long, env = "TFINIT_OWNER", value_name = "NAME")]
+    #[arg(long, env = "TFINIT_OWNER", value_name = "NAME", value_parser = text())]
     pub owner: Option<String>,
 
     /// An owner whose heartbeat is older than this is dead. Default 30s.
-    #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION")]
+    #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION", value_parser = text())]
     pub owner_ttl: Option<String>,
 
     /// `auto`: release a stale state lock provably held by a dead previous owner; `off`: never.
-    #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off")]
+    #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off", value_parser = text())]
     pub force_unlock: Option<String>,
 }
 

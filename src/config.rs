@@ -187,7 +187,7 @@ pub fn parse_rewrites(text: &str) -> Result<Rewrites, String> {
             .ok_or_else(|| format!("{item:?} is not FROM:TO"))?;
         let f = signals::parse(from).ok_or_else(|| format!("unknown signal {from:?}"))?;
         let t = signals::parse(to).ok_or_else(|| format!("unknown signal {to:?}"))?;
-        if f == libc::SIGCHLD || !signals::forwardable(f) {
+        if !signals::received_and_forwarded(f) {
             return Err(format!(
                 "{} is never forwarded, so it cannot be rewritten",
                 signals::name(f)
@@ -224,6 +224,7 @@ fn path_setting(
     env: &str,
     flag: &str,
     default: PathBuf,
+    example: &str,
 ) -> Result<PathBuf, ConfigError> {
     match value {
         None => Ok(default),
@@ -231,10 +232,88 @@ fn path_setting(
             namer.name(id, env, flag),
             &p.to_string_lossy(),
             "must be an absolute path",
-            "/var/lib/tfinit",
+            example,
         )),
         Some(p) => Ok(p.clone()),
     }
+}
+
+/// The longest socket path a Unix socket address holds (sun_path is 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The socket's file name in the run directory (see `init::setup::socket_path`).
+const SOCKET_NAME: &str = "tfinit.sock";
+
+/// STOP_TIMEOUT + KILL_MARGIN must be smaller than GRACE_PERIOD. The error names all three where
+/// they came from and blames one the user gave (the grace period first: it is the one lowered to
+/// match a pod), with an example that fits the other two.
+fn check_budget(
+    n: &Namer,
+    args: &InitArgs,
+    grace: Duration,
+    stop: Duration,
+    margin: Duration,
+) -> Result<(), ConfigError> {
+    if stop + margin < grace {
+        return Ok(());
+    }
+    let grace_name = n.name("grace_period", "TFINIT_GRACE_PERIOD", "grace-period");
+    let stop_name = n.name("stop_timeout", "TFINIT_STOP_TIMEOUT", "stop-timeout");
+    let margin_name = n.name("kill_margin", "TFINIT_KILL_MARGIN", "kill-margin");
+    let shown = |name: &str, d: Duration, given: &Option<String>| {
+        let default = if given.is_some() { "" } else { ", the default" };
+        format!("{name} ({}{default})", fmt_duration(d))
+    };
+    let problem = format!(
+        "{} + {} must be smaller than {}: raise the grace period (and the pod's \
+         terminationGracePeriodSeconds) or lower the other two",
+        shown(&stop_name, stop, &args.stop_timeout),
+        shown(&margin_name, margin, &args.kill_margin),
+        shown(&grace_name, grace, &args.grace_period),
+    );
+    let second = Duration::from_secs(1);
+    let fits = |total: Duration, other: Duration| {
+        total
+            .checked_sub(other + second)
+            .filter(|d| !d.is_zero())
+            .map(fmt_duration)
+    };
+    let grace_example = fmt_duration(stop + margin + second);
+    let candidates = [
+        (
+            args.grace_period.is_some(),
+            &grace_name,
+            &args.grace_period,
+            grace,
+            Some(grace_example.clone()),
+        ),
+        (
+            args.stop_timeout.is_some(),
+            &stop_name,
+            &args.stop_timeout,
+            stop,
+            fits(grace, margin),
+        ),
+        (
+            args.kill_margin.is_some(),
+            &margin_name,
+            &args.kill_margin,
+            margin,
+            fits(grace, stop),
+        ),
+    ];
+    let (name, given, value, example) = candidates
+        .into_iter()
+        .find_map(|(blamed, name, given, value, example)| {
+            Some((name, given, value, example.filter(|_| blamed)?))
+        })
+        .unwrap_or((&grace_name, &args.grace_period, grace, grace_example));
+    Err(ConfigError {
+        source_name: name.clone(),
+        value: given.clone().unwrap_or_else(|| fmt_duration(value)),
+        problem,
+        example,
+    })
 }
 
 impl InitConfig {
@@ -293,20 +372,7 @@ impl InitConfig {
             DEFAULT_KILL_MARGIN,
             "2s",
         )?;
-        if stop_timeout + kill_margin >= grace_period {
-            return Err(ConfigError {
-                source_name: n.name("stop_timeout", "TFINIT_STOP_TIMEOUT", "stop-timeout"),
-                value: args.stop_timeout.clone().unwrap_or_else(|| fmt_duration(stop_timeout)),
-                problem: format!(
-                    "TFINIT_STOP_TIMEOUT ({}) + TFINIT_KILL_MARGIN ({}) must be smaller than TFINIT_GRACE_PERIOD ({}): \
-                     raise the grace period (and the pod's terminationGracePeriodSeconds) or lower the other two",
-                    fmt_duration(stop_timeout),
-                    fmt_duration(kill_margin),
-                    fmt_duration(grace_period)
-                ),
-                example: "10s with TFINIT_KILL_MARGIN=2s and TFINIT_GRACE_PERIOD=30s".into(),
-            });
-        }
+        check_budget(&n, args, grace_period, stop_timeout, kill_margin)?;
         let log_level = match args.log.as_deref().map(str::trim) {
             None => tracing::Level::INFO,
             Some(v) => v.parse::<tracing::Level>().map_err(|_| {
@@ -337,7 +403,23 @@ impl InitConfig {
             "TFINIT_RUN_DIR",
             "run-dir",
             default_run_dir(),
+            "/tmp/tfinit",
         )?;
+        if args.run_dir.is_some() {
+            let socket = run_dir.join(SOCKET_NAME);
+            if socket.as_os_str().len() > MAX_SOCKET_PATH {
+                return Err(bad(
+                    n.name("run_dir", "TFINIT_RUN_DIR", "run-dir"),
+                    &run_dir.to_string_lossy(),
+                    &format!(
+                        "too long: the control socket's path ({} bytes with /{SOCKET_NAME}) must fit \
+                         in {MAX_SOCKET_PATH} bytes, the size of a Unix socket address",
+                        socket.as_os_str().len()
+                    ),
+                    "/tmp/tfinit",
+                ));
+            }
+        }
         let state_dir = path_setting(
             &n,
             args.state_dir.as_ref(),
@@ -345,6 +427,7 @@ impl InitConfig {
             "TFINIT_STATE_DIR",
             "state-dir",
             PathBuf::from(DEFAULT_STATE_DIR),
+            DEFAULT_STATE_DIR,
         )?;
         let owner = match args.owner.as_deref() {
             None => hostname(),
@@ -518,6 +601,15 @@ mod tests {
         assert!(parse_rewrites("CHLD:TERM").is_err());
         assert!(parse_rewrites("SEGV:TERM").is_err());
         assert!(parse_rewrites("TERM:INT,TERM:HUP").is_err());
+        assert!(
+            parse_rewrites("KILL:TERM").is_err(),
+            "SIGKILL never reaches the init"
+        );
+        assert!(
+            parse_rewrites("PIPE:HUP").is_err(),
+            "SIGPIPE is never forwarded"
+        );
+        assert!(parse_rewrites("RTMIN+1:TERM").is_ok());
     }
 
     #[test]

@@ -127,6 +127,21 @@ impl Rewrites {
     }
 }
 
+/// Whether the init receives `signo` (through its signalfd) and forwards it: what a rewrite may
+/// start from. Not SIGKILL/SIGSTOP (never caught), the synchronous ones (never blocked), SIGCHLD
+/// (reaped), the self-inflicted ones (dropped), nor glibc's reserved 32 and 33 (never blocked).
+pub fn received_and_forwarded(signo: SigNo) -> bool {
+    let caught = match Signal::try_from(signo) {
+        Ok(s) => s != Signal::SIGKILL && s != Signal::SIGSTOP && !SYNCHRONOUS.contains(&s),
+        Err(_) => signo >= sys::sigrtmin() && signo <= sys::sigrtmax(),
+    };
+    caught
+        && matches!(
+            classify(signo),
+            Incoming::Forward(_) | Incoming::Shutdown(_)
+        )
+}
+
 /// Whether `signo` may be forwarded or rewritten to: catchable, not one the kernel raises for faults.
 pub fn forwardable(signo: SigNo) -> bool {
     match Signal::try_from(signo) {
@@ -180,6 +195,31 @@ mod tests {
         let r = Rewrites::new(vec![(libc::SIGTERM, libc::SIGINT)]);
         assert_eq!(r.apply(libc::SIGTERM), libc::SIGINT);
         assert_eq!(r.apply(libc::SIGINT), libc::SIGINT);
+    }
+
+    #[test]
+    fn only_signals_the_init_forwards_can_be_rewritten() {
+        for s in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            sys::sigrtmin(),
+        ] {
+            assert!(received_and_forwarded(s), "{}", name(s));
+        }
+        for s in [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGCHLD,
+            libc::SIGPIPE,
+            libc::SIGTTIN,
+            libc::SIGSEGV,
+            libc::SIGABRT,
+            32,
+        ] {
+            assert!(!received_and_forwarded(s), "{}", name(s));
+        }
     }
 
     #[test]

@@ -184,7 +184,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         );
         return 1;
     }
-    let me = recover::current_owner(&store, &cfg.owner);
+    let me = recover::current_owner(&store, &cfg.owner, cfg.owner_ttl);
     let recovery = Recovery {
         store,
         me,
@@ -192,24 +192,32 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         terraform,
         dry_run,
     };
-    let results = recovery.run(None);
+    let results = match recovery.run(None) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            return 1;
+        }
+    };
     if results.is_empty() {
         println!("no lock-owner records in {}", cfg.state_dir.display());
     }
     let mut failed = false;
-    for (path, outcome) in &results {
+    for (path, rec, outcome) in &results {
         let what = match outcome {
-            Outcome::OwnerAlive => "owner alive: left alone".to_string(),
-            Outcome::Elsewhere => continue,
-            Outcome::NothingToRelease(b) => {
-                format!("{b} backend: nothing to release; record removed")
-            }
-            Outcome::Unsupported(b) => {
-                format!("{b} backend: not supported, release by hand; record set aside")
-            }
-            Outcome::Free => "lock free; record removed".to_string(),
+            Outcome::OwnerAlive => "run may still be going (owner alive): left alone".to_string(),
+            Outcome::NothingToRelease(b) => format!(
+                "{b} backend: its lock ends with its process; {}",
+                removed(dry_run)
+            ),
+            Outcome::Unsupported(b) => format!(
+                "{b} backend: automatic recovery not supported, release by hand if terraform reports the lock held by {}; {}",
+                rec.who,
+                if dry_run { "record would be set aside" } else { "record set aside (*.manual)" }
+            ),
+            Outcome::Free => format!("lock free; {}", removed(dry_run)),
             Outcome::Unlocked(i) => format!(
-                "{} lock {} (who {}, created {})",
+                "{} lock {} (Who {}, Created {}); {}",
                 if dry_run {
                     "would force-unlock"
                 } else {
@@ -217,27 +225,54 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
                 },
                 i.id,
                 i.who,
-                i.created
+                i.created,
+                removed(dry_run)
             ),
-            Outcome::HeldByOther(i) => format!(
-                "lock held by {} (not the dead owner): left alone; record removed",
-                i.who
+            Outcome::HeldByOther(i, why) => format!(
+                "lock {} held by {} is not the dead run's ({why}): left alone; {}",
+                i.id,
+                i.who,
+                removed(dry_run)
+            ),
+            Outcome::Ambiguous(i, why) => format!(
+                "lock {} held by {} may not be the dead run's ({why}): left alone; record kept",
+                i.id, i.who
             ),
             Outcome::Unknown(m) => {
                 failed = true;
-                format!("could not read the lock: {m}")
+                format!("could not read the lock: {m}; record kept")
             }
             Outcome::UnlockFailed(m) => {
                 failed = true;
-                format!("force-unlock failed: {m}")
+                format!("force-unlock failed: {m}; record kept")
             }
         };
-        println!("{}: {what}", path.display());
+        let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
+            String::new()
+        } else {
+            format!(" [orphan candidates: {}]", rec.in_progress.join(", "))
+        };
+        println!(
+            "{}: {} `terraform {}` in {} (Who {}): {what}{orphans}",
+            path.display(),
+            rec.owner.name,
+            rec.argv.join(" "),
+            rec.workdir,
+            rec.who
+        );
     }
     if failed {
         1
     } else {
         0
+    }
+}
+
+fn removed(dry_run: bool) -> &'static str {
+    if dry_run {
+        "record would be removed"
+    } else {
+        "record removed"
     }
 }
 
@@ -276,10 +311,16 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
         terraform: terraform.into(),
         dry_run: false,
     };
-    let results = recovery.run(Some(std::path::Path::new(&workdir)));
+    let results = match recovery.run(Some(std::path::Path::new(&workdir))) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("{e}; terraform starts without the lock check");
+            return 1;
+        }
+    };
     let bad = results
         .iter()
-        .any(|(_, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
+        .any(|(_, _, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
     if bad {
         1
     } else {

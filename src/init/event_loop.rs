@@ -40,6 +40,11 @@ pub const HIGH_WATER: usize = 1 << 20;
 /// How long pipes held open by a leftover grandchild are drained after terraform exits.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// The exit code of terraform's panicwrap parent when its wrapped child (the process that holds the
+/// lock) was killed by a signal (the child's wait status -1 as an exit code:
+/// docs/notes/terraform-facts.md 6b). terraform itself exits 0, 1 or 2.
+const PANICWRAP_CHILD_KILLED: i32 = 255;
+
 /// How often a changed in-progress set is written to the record.
 const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -470,7 +475,7 @@ impl Init {
                 if h.dirty && now >= h.written + RECORD_INTERVAL {
                     if let Some(store) = &self.locks.store {
                         if let Err(e) = store.update(h) {
-                            tracing::warn!(file = %h.path.display(), error = %e, "cannot update the lock-owner record");
+                            tracing::warn!(file = %h.path.display(), error = %e, "cannot update the lock-owner record; its resources in progress are out of date. Free space in TFINIT_STATE_DIR or mount a bigger, writable volume there");
                             h.dirty = false;
                         }
                     }
@@ -571,28 +576,37 @@ impl Init {
 
     /// Starts terraform for a run (after any recovery).
     fn launch(&mut self, id: u64, req: RunRequest, stdin: Option<OwnedFd>) {
-        let who = crate::locks::terraform_who(&req.env);
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
+        // The record is on disk before terraform exists, so a kill right after the start leaves it.
         if run.follower.is_some() {
             if let Some(store) = &self.locks.store {
+                let now = record::now_ms();
                 let rec = Record {
                     v: record::FORMAT,
                     owner: self.locks.owner.clone(),
-                    who,
+                    who: crate::locks::terraform_who(&req.env),
                     run_id: run.id.clone(),
+                    cwd: run.cwd.to_string_lossy().into_owned(),
                     workdir: run.workdir.to_string_lossy().into_owned(),
+                    workspace: crate::locks::workspace_of(
+                        &req.args,
+                        &run.invocation.subcommand,
+                        &req.env,
+                        &run.workdir,
+                    ),
                     subcommand: run.invocation.subcommand.clone(),
                     argv: run.argv.clone(),
-                    started_ms: record::now_ms(),
+                    started_ms: now,
                     in_progress: Vec::new(),
-                    updated_ms: record::now_ms(),
+                    updated_ms: now,
+                    ended: None,
                 };
                 match store.create(rec) {
                     Ok(h) => run.record = Some(h),
                     Err(e) => {
-                        tracing::warn!(run = %run.id, state_dir = %store.dir().display(), error = %e, "cannot write the lock-owner record; this run's lock will not be recoverable automatically")
+                        tracing::warn!(run = %run.id, state_dir = %store.dir().display(), error = %e, "cannot write the lock-owner record; this run's lock will not be recoverable automatically. Free space in TFINIT_STATE_DIR or mount a bigger, writable volume there")
                     }
                 }
             }
@@ -843,17 +857,40 @@ impl Init {
         let Some(mut run) = self.runs.remove(&id) else {
             return;
         };
-        if let Some(h) = run.record.take() {
-            match exit {
-                Exit::Code(_) => {
+        if let Some(mut h) = run.record.take() {
+            let trouble = run.follower.as_ref().and_then(Follower::lock_trouble);
+            match (exit, trouble) {
+                (Exit::Code(c), None) if c != PANICWRAP_CHILD_KILLED => {
                     if let Err(e) = record::remove(&h.path) {
                         tracing::warn!(file = %h.path.display(), error = %e, "cannot remove the lock-owner record");
                     }
                 }
-                Exit::Signal(s) => tracing::warn!(
-                    run = %run.id, signal = %signals::name(s), record = %h.path.display(), in_progress = ?h.record.in_progress,
-                    "terraform was killed: its lock-owner record is kept, so the next start can release a lock it left"
-                ),
+                _ => {
+                    let how = match (exit, trouble) {
+                        (Exit::Signal(s), _) => format!("killed by {}", signals::name(s)),
+                        (_, Some(why)) => format!("{why}, exit code {}", exit.code()),
+                        _ => format!(
+                            "exit code {PANICWRAP_CHILD_KILLED}: terraform's wrapped child process was killed by a signal"
+                        ),
+                    };
+                    if let Some(f) = &run.follower {
+                        h.record.in_progress = f.in_progress();
+                    }
+                    h.record.ended = Some(record::Ended {
+                        ms: record::now_ms(),
+                        how: how.clone(),
+                    });
+                    if let Some(store) = &self.locks.store {
+                        if let Err(e) = store.update(&mut h) {
+                            tracing::warn!(file = %h.path.display(), error = %e, "cannot mark the lock-owner record as ended; it is recovered once this owner is dead");
+                        }
+                    }
+                    tracing::warn!(
+                        run = %run.id, how = %how, record = %h.path.display(), in_progress = ?h.record.in_progress,
+                        "terraform ended without releasing its state lock for sure: its lock-owner record is kept, and the next state-locking run in {} checks the lock first",
+                        run.workdir.display()
+                    );
+                }
             }
         }
         if let Some(c) = run.conn {

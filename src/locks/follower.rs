@@ -2,7 +2,12 @@
 //! has not completed: the orphan candidates if the run dies.
 //!
 //! Both output formats: the human one (`null_resource.a: Creating...` ... `Creation complete after
-//! 2s [id=...]`) and `-json` lines (`apply_start` ... `apply_complete` / `apply_errored`).
+//! 2s [id=...]`) and `-json` lines (`apply_start` ... `apply_complete` / `apply_errored`). A failed
+//! resource prints nothing in the human format (only a diagnostic on stderr), so it stays a
+//! candidate: over-reporting a candidate is harmless, missing one is not.
+//!
+//! It also notices when terraform says its lock may be left behind although it exits by itself
+//! (`Error releasing the state lock`, a crash), so the init keeps the record then.
 
 use std::collections::BTreeSet;
 
@@ -23,7 +28,18 @@ pub struct Follower {
     skipping: [bool; 2],
     in_progress: BTreeSet<String>,
     changed: bool,
+    lock_trouble: Option<&'static str>,
 }
+
+/// Output that means terraform may exit by itself and still leave its lock, with the reason kept
+/// in the record.
+const LOCK_TROUBLE: [(&str, &str); 2] = [
+    (
+        "Error releasing the state lock",
+        "terraform reported \"Error releasing the state lock\"",
+    ),
+    ("TERRAFORM CRASH", "terraform crashed (TERRAFORM CRASH)"),
+];
 
 impl Follower {
     /// Feeds output bytes of stream `idx` (0 stdout, 1 stderr).
@@ -60,6 +76,11 @@ impl Follower {
         self.in_progress.iter().cloned().collect()
     }
 
+    /// Why terraform's lock may be left although it exits by itself, if its output said so.
+    pub fn lock_trouble(&self) -> Option<&'static str> {
+        self.lock_trouble
+    }
+
     /// Whether the set changed since the last call.
     pub fn take_changed(&mut self) -> bool {
         std::mem::replace(&mut self.changed, false)
@@ -71,6 +92,12 @@ impl Follower {
         };
         let clean = strip_ansi(text);
         let line = clean.trim();
+        if self.lock_trouble.is_none() {
+            self.lock_trouble = LOCK_TROUBLE
+                .iter()
+                .find(|(m, _)| line.contains(m))
+                .map(|(_, why)| *why);
+        }
         let parsed = if line.starts_with('{') {
             parse_json(line)
         } else {
@@ -112,7 +139,12 @@ fn strip_ansi(s: &str) -> std::borrow::Cow<'_, str> {
 /// `addr: Creating...`, `addr: Creation complete after 2s [id=1]`, and the update/destroy forms.
 fn parse_human(line: &str) -> Option<(String, Event)> {
     let (addr, rest) = line.split_once(": ")?;
-    if addr.is_empty() || addr.contains(' ') && !addr.contains('"') || !looks_like_address(addr) {
+    // `null_resource.a (deposed object 5e1d6a0c)`: a deposed object during a replacement.
+    let base = match addr.split_once(" (deposed object ") {
+        Some((b, key)) if key.ends_with(')') && !key.contains(' ') => b,
+        _ => addr,
+    };
+    if base.is_empty() || base.contains(' ') && !base.contains('"') || !looks_like_address(base) {
         return None;
     }
     let ev = if rest.starts_with("Creating...")
@@ -213,6 +245,145 @@ mod tests {
         f.feed(0, br#"{"type":"apply_complete","hook":{"resource":{"addr":"null_resource.a"},"action":"create"}}
 "#);
         assert!(f.in_progress().is_empty());
+    }
+
+    /// Real terraform 1.0.3 output (tests/fixtures/terraform, docs/notes/terraform-facts.md 5).
+    const HUMAN: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/terraform/apply-human.txt"
+    ));
+    const JSON: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/terraform/apply-json.txt"
+    ));
+
+    /// The fixture's sections (`### [name] ...` markers), by name.
+    fn section<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let marker = format!("### [{name}]");
+        let mut out = Vec::new();
+        let mut on = false;
+        for l in text.lines() {
+            if l.starts_with("### ") {
+                on = l.starts_with(&marker);
+                continue;
+            }
+            if on {
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn real_human_apply_ends_with_nothing_in_progress() {
+        for name in ["create", "replace", "destroy"] {
+            let lines = section(HUMAN, name);
+            assert!(!lines.is_empty(), "{name}");
+            let mut f = Follower::default();
+            let mut peak = 0;
+            for l in &lines {
+                f.feed(0, format!("{l}\n").as_bytes());
+                peak = peak.max(f.in_progress().len());
+            }
+            assert!(peak >= 5, "{name}: peak {peak}");
+            assert!(f.in_progress().is_empty(), "{name}: {:?}", f.in_progress());
+            assert!(f.lock_trouble().is_none());
+        }
+    }
+
+    #[test]
+    fn real_human_apply_cut_mid_creation_has_the_unfinished_resources() {
+        let lines = section(HUMAN, "create");
+        let cut = lines
+            .iter()
+            .position(|l| l.starts_with("module.m.null_resource.d: Creation complete"))
+            .unwrap();
+        let mut f = Follower::default();
+        for l in &lines[..=cut] {
+            f.feed(0, format!("{l}\n").as_bytes());
+        }
+        assert_eq!(
+            f.in_progress(),
+            vec![
+                "null_resource.a",
+                "null_resource.b[0]",
+                "null_resource.b[1]",
+                "null_resource.c[\"x\"]",
+                "null_resource.c[\"y\"]",
+            ]
+        );
+    }
+
+    #[test]
+    fn real_human_interrupted_apply_keeps_the_failed_resources() {
+        // A failed resource prints no "errored" line in the human format.
+        let mut f = Follower::default();
+        for l in section(HUMAN, "sigterm-once") {
+            f.feed(0, format!("{l}\n").as_bytes());
+        }
+        assert!(!f.in_progress().is_empty());
+    }
+
+    #[test]
+    fn real_json_apply_runs_end_with_nothing_in_progress() {
+        let mut f = Follower::default();
+        let mut starts = 0;
+        for l in JSON.lines().filter(|l| !l.starts_with("### ")) {
+            f.feed(0, format!("{l}\n").as_bytes());
+            starts = starts.max(f.in_progress().len());
+        }
+        assert!(starts >= 5, "peak {starts}");
+        // Every apply_start of the recording has its apply_complete or apply_errored.
+        assert!(f.in_progress().is_empty(), "{:?}", f.in_progress());
+    }
+
+    #[test]
+    fn deposed_objects_are_tracked_by_their_full_name() {
+        let mut f = Follower::default();
+        f.feed(
+            0,
+            b"null_resource.a (deposed object 5e1d6a0c): Destroying... [id=1]\n",
+        );
+        assert_eq!(
+            f.in_progress(),
+            vec!["null_resource.a (deposed object 5e1d6a0c)"]
+        );
+        f.feed(
+            0,
+            b"null_resource.a (deposed object 5e1d6a0c): Destruction complete after 0s\n",
+        );
+        assert!(f.in_progress().is_empty());
+        f.feed(
+            0,
+            b"null_resource.a (local-exec): null_resource.z: Creating...\n",
+        );
+        assert!(
+            f.in_progress().is_empty(),
+            "provisioner output is not terraform's"
+        );
+    }
+
+    #[test]
+    fn lock_release_errors_and_crashes_are_noticed() {
+        let mut f = Follower::default();
+        f.feed(
+            1,
+            b"\n\x1b[31mError: \x1b[0mError releasing the state lock\n",
+        );
+        assert!(f.lock_trouble().unwrap().contains("releasing"));
+        let mut f = Follower::default();
+        f.feed(0, br#"{"@level":"error","@message":"Error: Error releasing the state lock","type":"diagnostic"}
+"#);
+        assert!(f.lock_trouble().is_some());
+        let mut f = Follower::default();
+        f.feed(
+            1,
+            b"!!!!!!!!!!!!!!!!!!!!!!!!!!! TERRAFORM CRASH !!!!!!!!!!!!!!!!!!!!!!!!!!!!\n",
+        );
+        assert!(f.lock_trouble().unwrap().contains("crash"));
+        let mut f = Follower::default();
+        f.feed(1, b"Error: Error acquiring the state lock\n");
+        assert!(f.lock_trouble().is_none());
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! Lock-owner records and heartbeats in TFINIT_STATE_DIR (format documented in docs/records.md).
 //!
-//! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight, and
-//! `owners/<owner>.json`, the heartbeat of the owner's current incarnation. Every write is atomic
-//! (temporary file, fsync, rename, fsync of the directory), so a reader sees a whole file or none.
+//! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
+//! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
+//! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
+//! fsync of the directory), so a reader sees a whole file or none.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 /// Format version of records and heartbeats. A file with a newer version is left alone.
@@ -82,6 +84,16 @@ impl Owner {
     }
 }
 
+/// How a run whose record is kept ended (the init saw terraform die, so the run is over even
+/// while its owner lives on).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Ended {
+    /// When the init reaped terraform, ms since the epoch.
+    pub ms: u64,
+    /// Why the record was kept: `killed by SIGKILL`, `exit code 255 (...)`, ...
+    pub how: String,
+}
+
 /// A state-locking run in flight, as left on disk.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Record {
@@ -94,19 +106,32 @@ pub struct Record {
     pub who: String,
     /// Run id.
     pub run_id: String,
+    /// The shim's working directory.
+    #[serde(default)]
+    pub cwd: String,
     /// Where terraform works (cwd + -chdir): where its backend configuration is.
     pub workdir: String,
+    /// The terraform workspace whose state the run locks.
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
     /// The terraform subcommand.
     pub subcommand: String,
     /// argv, redacted.
     pub argv: Vec<String>,
-    /// When the run started, ms since the epoch.
+    /// When the run started (just before terraform was started), ms since the epoch.
     pub started_ms: u64,
     /// Resources whose create/update/destroy started and did not complete.
     #[serde(default)]
     pub in_progress: Vec<String>,
     /// Last write, ms since the epoch.
     pub updated_ms: u64,
+    /// Set when terraform died in a way that may leave its lock (the record is then kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ended>,
+}
+
+fn default_workspace() -> String {
+    "default".to_string()
 }
 
 /// An owner's heartbeat.
@@ -131,7 +156,8 @@ pub enum Found {
     Future(PathBuf, u32),
 }
 
-/// Parses a record file's bytes.
+/// Parses a record file's bytes. Besides JSON shape and version, the fields that become paths or
+/// command arguments are checked, so a damaged or hand-made file cannot steer a recovery.
 pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
     #[derive(Deserialize)]
     struct Version {
@@ -145,7 +171,26 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
             version.v
         ));
     }
-    serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))
+    let rec: Record = serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
+    if !crate::config::valid_owner(&rec.owner.name) {
+        return Err(format!("invalid owner name {:?}", rec.owner.name));
+    }
+    if !Path::new(&rec.workdir).is_absolute() {
+        return Err(format!("workdir {:?} is not an absolute path", rec.workdir));
+    }
+    if !valid_workspace(&rec.workspace) {
+        return Err(format!("invalid workspace name {:?}", rec.workspace));
+    }
+    Ok(rec)
+}
+
+/// Whether `s` can be a terraform workspace name (terraform allows URL path segment characters).
+pub fn valid_workspace(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 255
+        && !s.starts_with('-')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '~' | '+'))
 }
 
 /// The state directory.
@@ -164,7 +209,13 @@ pub struct RecordHandle {
     /// The in-progress set changed since the last write.
     pub dirty: bool,
     /// Last write.
-    pub written: std::time::Instant,
+    pub written: Instant,
+}
+
+/// The exclusive right to recover records in a state directory; released on drop.
+#[derive(Debug)]
+pub struct RecoveryLock {
+    _lock: Flock<fs::File>,
 }
 
 impl Store {
@@ -199,8 +250,8 @@ impl Store {
         fs::create_dir_all(self.records_dir())?;
         fs::create_dir_all(self.owners_dir())?;
         let probe = self
-            .dir
-            .join(format!(".tfinit-write-test.{}", std::process::id()));
+            .records_dir()
+            .join(format!(".tfinit-write-test.{}", unique_suffix()));
         atomic_write(&probe, b"ok")?;
         fs::remove_file(&probe)
     }
@@ -220,9 +271,12 @@ impl Store {
 
     /// Reads an owner's heartbeat; None when missing or unreadable.
     pub fn read_heartbeat(&self, name: &str) -> Option<Heartbeat> {
+        if !crate::config::valid_owner(name) {
+            return None;
+        }
         let bytes = read_limited(&self.owners_dir().join(format!("{name}.json"))).ok()?;
         let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
-        (hb.v == FORMAT).then_some(hb)
+        (hb.v == FORMAT && hb.owner.name == name).then_some(hb)
     }
 
     /// Writes a new record and returns its handle.
@@ -239,16 +293,16 @@ impl Store {
             path,
             record,
             dirty: false,
-            written: std::time::Instant::now(),
+            written: Instant::now(),
         })
     }
 
-    /// Rewrites a record (its in-progress set changed).
+    /// Rewrites a record (its in-progress set changed, or its run ended).
     pub fn update(&self, handle: &mut RecordHandle) -> io::Result<()> {
         handle.record.updated_ms = now_ms();
         atomic_write(&handle.path, &to_json(&handle.record))?;
         handle.dirty = false;
-        handle.written = std::time::Instant::now();
+        handle.written = Instant::now();
         Ok(())
     }
 
@@ -260,10 +314,13 @@ impl Store {
         let mut out = Vec::new();
         for e in entries.flatten() {
             let path = e.path();
-            if path.extension().and_then(|x| x.to_str()) != Some("json") {
+            let hidden = e.file_name().to_string_lossy().starts_with('.');
+            if hidden || path.extension().and_then(|x| x.to_str()) != Some("json") {
                 continue;
             }
             match read_limited(&path) {
+                // Removed since readdir (its run ended): not a problem.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => out.push(Found::Corrupt(path, format!("unreadable: {e}"))),
                 Ok(bytes) => match parse_record(&bytes) {
                     Ok(r) => out.push(Found::Record(path, Box::new(r))),
@@ -276,6 +333,50 @@ impl Store {
         }
         out.sort_by(|a, b| found_path(a).cmp(found_path(b)));
         out
+    }
+
+    /// Sets every unreadable record aside and warns about records of a newer format; returns the
+    /// parsed records. Never fails: a problem with one file is that file's warning.
+    pub fn sweep(&self) -> Vec<(PathBuf, Record)> {
+        let mut out = Vec::new();
+        for f in self.list() {
+            match f {
+                Found::Record(p, r) => out.push((p, *r)),
+                Found::Corrupt(p, problem) => set_aside_corrupt(&p, &problem),
+                Found::Future(p, v) => tracing::warn!(
+                    file = %p.display(), version = v, this_version = FORMAT,
+                    "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
+                ),
+            }
+        }
+        out
+    }
+
+    /// Takes the exclusive right to recover in this directory (flock on `recover.lock`), waiting
+    /// up to `wait` for another recovery (another pod's, or a `tfinit recover`) to finish.
+    pub fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock> {
+        let path = self.dir.join("recover.lock");
+        let deadline = Instant::now() + wait;
+        loop {
+            let file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&path)?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(RecoveryLock { _lock: lock }),
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err((_, e)) => {
+                    return Err(io::Error::other(format!(
+                        "cannot lock {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
     }
 }
 
@@ -306,6 +407,8 @@ pub fn set_aside_corrupt(path: &Path, problem: &str) {
             problem,
             "lock-owner record cannot be read and was renamed aside; check it by hand, then delete it"
         ),
+        // Another pod set it aside first.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => {
             tracing::warn!(file = %path.display(), problem, error = %e, "lock-owner record cannot be read, nor renamed aside")
         }
@@ -345,7 +448,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!(
         ".{}.tmp.{}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
+        unique_suffix()
     ));
     let result = (|| {
         let mut f = fs::OpenOptions::new()
@@ -365,6 +468,23 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// A name suffix no other writer uses: pods sharing the directory all run as pid 1 of their own
+/// PID namespace, so the pid alone would collide.
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{}.{}.{}.{}",
+        std::process::id(),
+        now_ms(),
+        nanos,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// How long ago `ms` was, saturating at zero for clocks that disagree.
 pub fn age(ms: u64) -> Duration {
     Duration::from_millis(now_ms().saturating_sub(ms))
@@ -380,22 +500,30 @@ mod tests {
             owner: owner.clone(),
             who: "@pod-a".into(),
             run_id: "r1".into(),
+            cwd: "/tf/x".into(),
             workdir: "/tf/x".into(),
+            workspace: "default".into(),
             subcommand: "apply".into(),
             argv: vec!["apply".into()],
             started_ms: now_ms(),
             in_progress: vec![],
             updated_ms: now_ms(),
+            ended: None,
         }
     }
 
-    #[test]
-    fn create_update_list_remove() {
-        let dir = std::env::temp_dir().join(format!("tfinit-rec-{}", std::process::id()));
+    fn temp_store(name: &str) -> (PathBuf, Store) {
+        let dir = std::env::temp_dir().join(format!("tfinit-rec-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let store = Store::new(&dir);
         store.prepare().unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn create_update_list_remove() {
+        let (dir, store) = temp_store("cycle");
         let owner = Owner::current("pod-a", None);
         let mut h = store.create(sample(&owner)).unwrap();
         h.record.in_progress = vec!["null_resource.a".into()];
@@ -428,6 +556,12 @@ mod tests {
                 .count(),
             1
         );
+        // The sweep sets the corrupt ones aside, leaves the future one, returns the good one.
+        let good = store.sweep();
+        assert_eq!(good.len(), 1);
+        assert!(dir.join("records/bad.json.corrupt").exists());
+        assert!(dir.join("records/empty.json.corrupt").exists());
+        assert!(dir.join("records/next.json").exists());
         remove(&h.path).unwrap();
         remove(&h.path).unwrap();
         store.heartbeat(&owner).unwrap();
@@ -436,6 +570,59 @@ mod tests {
             .unwrap()
             .owner
             .same_incarnation(&owner));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn records_that_could_steer_a_recovery_are_corrupt() {
+        let owner = Owner::current("pod-a", None);
+        let ok = serde_json::to_vec(&sample(&owner)).unwrap();
+        assert!(parse_record(&ok).is_ok());
+        let mut bad_name = sample(&owner);
+        bad_name.owner.name = "../../etc/passwd".into();
+        let mut relative = sample(&owner);
+        relative.workdir = "tf/x".into();
+        let mut ws = sample(&owner);
+        ws.workspace = "-lock=false".into();
+        for r in [bad_name, relative, ws] {
+            assert!(
+                parse_record(&serde_json::to_vec(&r).unwrap()).is_err(),
+                "{r:?}"
+            );
+        }
+        // Fields added later default, so a minimal v1 record still reads.
+        let mut v: serde_json::Value = serde_json::from_slice(&ok).unwrap();
+        for k in ["cwd", "workspace", "in_progress", "ended"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        let r = parse_record(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(r.workspace, "default");
+        // Truncated at any byte: never a record.
+        for cut in 0..ok.len() - 1 {
+            assert!(parse_record(&ok[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn only_one_recovery_at_a_time() {
+        let (dir, store) = temp_store("flock");
+        let held = store.lock_recovery(Duration::ZERO).unwrap();
+        let t = Instant::now();
+        assert!(store.lock_recovery(Duration::from_millis(300)).is_err());
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        drop(held);
+        assert!(store.lock_recovery(Duration::ZERO).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_heartbeat_file_under_another_name_is_ignored() {
+        let (dir, store) = temp_store("hbname");
+        let other = Owner::current("pod-b", None);
+        store.heartbeat(&other).unwrap();
+        fs::copy(dir.join("owners/pod-b.json"), dir.join("owners/pod-a.json")).unwrap();
+        assert!(store.read_heartbeat("pod-a").is_none());
+        assert!(store.read_heartbeat("../pod-b").is_none());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -40,7 +40,9 @@ pub fn repo() -> PathBuf {
 
 /// The test dependencies directory (scripts/install-test-deps.sh fills it).
 pub fn deps() -> PathBuf {
-    std::env::var_os("TFINIT_TEST_DEPS").map(PathBuf::from).unwrap_or_else(|| repo().join(".test-deps"))
+    std::env::var_os("TFINIT_TEST_DEPS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".test-deps"))
 }
 
 /// A fresh temporary directory, removed on drop.
@@ -83,7 +85,9 @@ pub fn pid1(hostname: Option<&str>) -> Command {
     match hostname {
         Some(h) => {
             c.arg("--uts");
-            c.arg("sh").arg("-c").arg(format!("hostname {h} && exec \"$0\" \"$@\""));
+            c.arg("sh")
+                .arg("-c")
+                .arg(format!("hostname {h} && exec \"$0\" \"$@\""));
         }
         None => {}
     }
@@ -138,7 +142,11 @@ pub fn run_output(cmd: &mut Command, timeout: Duration) -> Output {
         v
     });
     let status = wait_child(&mut child, timeout, "command");
-    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
 }
 
 /// Reads a file, or empty when missing.

@@ -25,3 +25,14 @@ scripts/check-static.sh target/x86_64-unknown-linux-gnu/release/tfinit
 
 step "unit and integration tests"
 cargo test -- --test-threads="${TFINIT_TEST_THREADS:-2}"
+
+step "chaos: pods killed at random moments, the next pod reconciles (short run)"
+scripts/chaos.sh "${TFINIT_CHAOS_ROUNDS:-3}" --check
+
+if [ -x scripts/fuzz.sh ]; then
+    step "fuzzing (short run of every target)"
+    scripts/fuzz.sh
+fi
+
+echo
+echo "scripts/test.sh: all suites passed"

@@ -120,7 +120,20 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
     .map_err(io::Error::other)?;
     let mut frame = Vec::new();
     protocol::encode(Kind::Request, &body, &mut frame);
-    send_with_stdin(&sock, &frame)?;
+    if let Err(e) = send_with_stdin(&sock, &frame) {
+        // The init may have answered and closed before reading the request (it refuses a client
+        // of another uid at once): its answer is still in our receive queue.
+        let mut payload = Vec::new();
+        if let Ok(Some(Kind::Exit)) = read_frame(&mut sock, &mut payload) {
+            if let Ok(note) = serde_json::from_slice::<ExitNote>(&payload) {
+                if let Some(why) = &note.error {
+                    eprintln!("{why}");
+                }
+                return Ok(note.code);
+            }
+        }
+        return Err(e);
+    }
 
     let stdout = io::stdout();
     let stderr = io::stderr();

@@ -84,6 +84,9 @@ pub struct Init {
     next_run: u64,
     locks: Locks,
     scratch: Vec<u8>,
+    /// Process groups of finished abandoned runs that still had members (a local-exec command
+    /// orphaned by terraform's graceful stop), and when they get their SIGKILL.
+    leftover_groups: Vec<(Pid, Instant, String)>,
 }
 
 /// Waits for the controller without an event loop (only if epoll itself cannot be created).
@@ -138,6 +141,7 @@ impl Init {
             next_run: 1,
             locks,
             scratch: vec![0u8; protocol::MAX_DATA],
+            leftover_groups: Vec::new(),
         })
     }
 
@@ -202,6 +206,9 @@ impl Init {
                 consider(h.dirty.then_some(h.written + RECORD_INTERVAL));
             }
         }
+        for (_, at, _) in &self.leftover_groups {
+            consider(Some(*at));
+        }
         match next {
             None => EpollTimeout::NONE,
             Some(t) => {
@@ -232,9 +239,13 @@ impl Init {
         match signals::classify(signo) {
             Incoming::Child => self.reap(),
             Incoming::Shutdown(s) => {
-                tracing::info!(signal = %signals::name(s), sender, "stop signal received");
+                // The timeline first, so that the forward is logged with the phase and deadline
+                // it belongs to; the forward still precedes the transition's own signals, and
+                // our own log line (formatting it costs the controller ~10 µs of latency).
+                let t = self.timeline.on_stop_signal(Instant::now());
                 self.forward(s);
-                if let Some(t) = self.timeline.on_stop_signal(Instant::now()) {
+                tracing::info!(signal = %signals::name(s), sender, "stop signal received");
+                if let Some(t) = t {
                     self.transition(t);
                 }
             }
@@ -264,7 +275,12 @@ impl Init {
         {
             self.main.group_stopped = true;
         }
+        let (phase, left) = self.when();
         match sys::kill(target, to) {
+            // A stop signal sent on is a shutdown step: logged at info like the others.
+            Ok(()) if matches!(signals::classify(signo), Incoming::Shutdown(_)) => {
+                tracing::info!(signal = %signals::name(to), %target, phase, seconds_left = left, "signal forwarded")
+            }
             Ok(()) => tracing::debug!(signal = %signals::name(to), %target, "signal forwarded"),
             Err(Errno::ESRCH) => {
                 tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to")
@@ -283,8 +299,11 @@ impl Init {
             if pid == self.main.pid {
                 self.main.exit = Some(exit);
                 tracing::info!(pid = pid.as_raw(), %exit, "controller exited");
-                if let Some(t) = self.timeline.on_main_exit(Instant::now()) {
-                    self.transition(t);
+                match self.timeline.on_main_exit(Instant::now()) {
+                    Some(t) => self.transition(t),
+                    // Already stopping on a signal that may not have reached the group
+                    // (TFINIT_FORWARD=child): its leftovers still get their SIGTERM now.
+                    None => self.stop_leftovers(),
                 }
                 continue;
             }
@@ -326,16 +345,8 @@ impl Init {
                     fmt_duration(self.cfg.stop_timeout),
                     fmt_duration(self.cfg.kill_margin),
                 );
-                if cause == Cause::MainExited
-                    && !self.main.group_stopped
-                    && sys::group_alive(self.main.pid)
-                {
-                    self.main.group_stopped = true;
-                    self.signal(
-                        Target::Group(self.main.pid),
-                        libc::SIGTERM,
-                        "controller's leftover processes",
-                    );
+                if cause == Cause::MainExited {
+                    self.stop_leftovers();
                 }
             }
             Transition::Graceful => {
@@ -382,9 +393,33 @@ impl Init {
         }
     }
 
+    /// The phase and the seconds left to the deadline (once stopping), for logs.
+    fn when(&self) -> (&'static str, Option<f64>) {
+        (
+            self.timeline.phase().as_str(),
+            self.timeline.seconds_left(Instant::now()),
+        )
+    }
+
+    /// The controller exited: processes left in its group get one SIGTERM, unless the group
+    /// already got a stop signal.
+    fn stop_leftovers(&mut self) {
+        if !self.main.group_stopped && sys::group_alive(self.main.pid) {
+            self.main.group_stopped = true;
+            self.signal(
+                Target::Group(self.main.pid),
+                libc::SIGTERM,
+                "controller's leftover processes",
+            );
+        }
+    }
+
     fn signal(&self, target: Target, signo: SigNo, what: &str) {
+        let (phase, left) = self.when();
         match sys::kill(target, signo) {
-            Ok(()) => tracing::info!(%target, signal = %signals::name(signo), "signalled {what}"),
+            Ok(()) => {
+                tracing::info!(%target, signal = %signals::name(signo), phase, seconds_left = left, "signalled {what}")
+            }
             Err(Errno::ESRCH) => tracing::debug!(%target, "{what}: already gone"),
             Err(e) => {
                 tracing::warn!(%target, signal = %signals::name(signo), error = %e, "signalling {what} failed")
@@ -394,7 +429,7 @@ impl Init {
 
     /// Sends a run its one graceful SIGTERM (to terraform's own pid, never its group).
     pub(super) fn request_stop(&mut self, id: u64, why: &str) {
-        let left = self.timeline.seconds_left(Instant::now());
+        let (phase, left) = self.when();
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
@@ -410,7 +445,7 @@ impl Init {
         match sys::kill(Target::Pid(pid), libc::SIGTERM) {
             Ok(()) => tracing::info!(
                 run = %run.id, pid = pid.as_raw(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
-                seconds_left = left, reason = why, "SIGTERM to terraform (graceful stop: it finishes operations in flight, saves state, releases the lock)"
+                phase, seconds_left = left, reason = why, "SIGTERM to terraform (graceful stop: it finishes operations in flight, saves state, releases the lock)"
             ),
             Err(e) => {
                 tracing::warn!(run = %run.id, pid = pid.as_raw(), error = %e, "SIGTERM to terraform failed")
@@ -419,6 +454,7 @@ impl Init {
     }
 
     fn kill_run(&mut self, id: u64, why: &str) {
+        let (phase, left) = self.when();
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
@@ -436,8 +472,8 @@ impl Init {
                 run.killed = true;
                 match sys::kill(Target::Group(pid), libc::SIGKILL) {
                     Ok(()) => tracing::info!(
-                        run = %run.id, pgid = pid.as_raw(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
-                        reason = why, in_progress = ?run.follower.as_ref().map(|f| f.in_progress()),
+                        run = %run.id, pid = pid.as_raw(), pgid = pid.as_raw(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
+                        phase, seconds_left = left, reason = why, in_progress = ?run.follower.as_ref().map(|f| f.in_progress()),
                         "SIGKILL to terraform's process group"
                     ),
                     Err(e) => {
@@ -455,6 +491,7 @@ impl Init {
             self.transition(t);
         }
         self.locks.tick(now);
+        self.kill_leftover_groups(now);
         let ids: Vec<u64> = self.runs.keys().copied().collect();
         for id in ids {
             let Some(run) = self.runs.get_mut(&id) else {
@@ -466,9 +503,9 @@ impl Init {
                 continue;
             }
             if run.exited_at.is_some_and(|t| now >= t + LINGER) {
-                tracing::debug!(run = %run.id, "output pipes still held open after terraform exited; closing them");
-                self.close_pipe(id, Stream::Stdout);
-                self.close_pipe(id, Stream::Stderr);
+                tracing::debug!(run = %run.id, "output pipes still open after terraform exited; draining and closing them");
+                self.drain_and_close(id, Stream::Stdout);
+                self.drain_and_close(id, Stream::Stderr);
                 continue;
             }
             if let Some(h) = run.record.as_mut() {
@@ -479,6 +516,37 @@ impl Init {
                             h.dirty = false;
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs the leftover groups of abandoned runs whose time has come.
+    fn kill_leftover_groups(&mut self, now: Instant) {
+        if self.leftover_groups.is_empty() {
+            return;
+        }
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leftover_groups)
+            .into_iter()
+            .partition(|(_, at, _)| now >= *at);
+        self.leftover_groups = later;
+        for (pgid, _, run) in due {
+            // The group is gone and its number taken by a process group we know: leave it.
+            let reused = pgid == self.main.pid
+                || self.pids.contains_key(&pgid)
+                || self.runs.values().any(|r| r.pid() == Some(pgid));
+            if reused || !sys::group_alive(pgid) {
+                continue;
+            }
+            match sys::kill(Target::Group(pgid), libc::SIGKILL) {
+                Ok(()) => tracing::info!(
+                    run = %run, pgid = pgid.as_raw(),
+                    reason = "abandoned run did not stop within TFINIT_STOP_TIMEOUT",
+                    "SIGKILL to what is left of terraform's process group (terraform itself exited)"
+                ),
+                Err(Errno::ESRCH) => {}
+                Err(e) => {
+                    tracing::warn!(run = %run, pgid = pgid.as_raw(), error = %e, "SIGKILL to a leftover process group failed")
                 }
             }
         }
@@ -755,6 +823,9 @@ impl Init {
             if let Some(c) = attached {
                 if self.conns.get(&c).is_some_and(|c| c.queued() >= HIGH_WATER) {
                     self.pause(id);
+                    // Write what the socket takes now, and watch it for room (EPOLLOUT): that is
+                    // what resumes the run. Without this a run could stay paused forever.
+                    self.flush_conn(c);
                     return;
                 }
             }
@@ -771,28 +842,7 @@ impl Init {
                     self.close_pipe(id, stream);
                     return;
                 }
-                Ok(n) => {
-                    let bytes = &self.scratch[..n];
-                    if let Some(f) = run.follower.as_mut() {
-                        f.feed(stream as usize, bytes);
-                        if f.take_changed() {
-                            if let Some(h) = run.record.as_mut() {
-                                h.record.in_progress = f.in_progress();
-                                h.dirty = true;
-                            }
-                        }
-                    }
-                    match attached.and_then(|c| self.conns.get_mut(&c)) {
-                        Some(conn) => {
-                            let kind = match stream {
-                                Stream::Stdout => protocol::Kind::Stdout,
-                                Stream::Stderr => protocol::Kind::Stderr,
-                            };
-                            conn.queue_frame(kind, bytes);
-                        }
-                        None => run.log_detached(stream, bytes),
-                    }
-                }
+                Ok(n) => self.deliver(id, stream, n),
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
@@ -805,6 +855,63 @@ impl Init {
         if let Some(c) = self.runs.get(&id).and_then(|r| r.conn) {
             self.flush_conn(c);
         }
+    }
+
+    /// Hands `self.scratch[..n]`, just read from a run's pipe, to the lock-owner follower and to
+    /// the shim (or to the log, at debug, when no shim is attached).
+    fn deliver(&mut self, id: u64, stream: Stream, n: usize) {
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        let bytes = &self.scratch[..n];
+        if let Some(f) = run.follower.as_mut() {
+            f.feed(stream as usize, bytes);
+            if f.take_changed() {
+                if let Some(h) = run.record.as_mut() {
+                    h.record.in_progress = f.in_progress();
+                    h.dirty = true;
+                }
+            }
+        }
+        match run.conn.and_then(|c| self.conns.get_mut(&c)) {
+            Some(conn) => {
+                let kind = match stream {
+                    Stream::Stdout => protocol::Kind::Stdout,
+                    Stream::Stderr => protocol::Kind::Stderr,
+                };
+                conn.queue_frame(kind, bytes);
+            }
+            None => run.log_detached(stream, bytes),
+        }
+    }
+
+    /// Closes a pipe of a run whose terraform has exited, after reading what is left in it
+    /// however far the shim lags: nothing terraform wrote is lost (bounded by the pipe's size,
+    /// plus whatever a leftover grandchild writes meanwhile).
+    fn drain_and_close(&mut self, id: u64, stream: Stream) {
+        for _ in 0..64 {
+            let Some(run) = self.runs.get(&id) else {
+                return;
+            };
+            let fd = match stream {
+                Stream::Stdout => run.stdout.as_ref(),
+                Stream::Stderr => run.stderr.as_ref(),
+            };
+            let Some(fd) = fd else { return };
+            match nix::unistd::read(fd, &mut self.scratch) {
+                Ok(0) => break,
+                Ok(n) => self.deliver(id, stream, n),
+                Err(Errno::EINTR) => continue,
+                // EAGAIN: empty, but still held open by a leftover grandchild.
+                Err(_) => break,
+            }
+        }
+        if let Some(run) = self.runs.get_mut(&id) {
+            if run.conn.is_none() {
+                run.flush_detached(stream);
+            }
+        }
+        self.close_pipe(id, stream);
     }
 
     fn close_pipe(&mut self, id: u64, stream: Stream) {
@@ -835,10 +942,26 @@ impl Init {
             cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand, attached = run.conn.is_some(),
             "terraform exited"
         );
-        // Leftover members of its group (provider plugins a killed terraform left behind).
+        // Leftover members of its group: provider plugins a killed terraform left behind, or the
+        // children of a local-exec that a graceful stop orphaned (`sleep`). The latter can hold
+        // terraform's output pipes open (panicwrap passes them down), so while stopping they go
+        // at once: the init must exit when terraform is done, not after the pipes' linger.
+        let stopping = self.timeline.phase() == Phase::Stopping;
         if let Some(pid) = run.pid() {
-            if exit.signal().is_some() && sys::group_alive(pid) {
-                let _ = sys::kill(Target::Group(pid), libc::SIGKILL);
+            // Exit code 255: panicwrap's child was killed, its providers are orphans too.
+            let killed = exit.signal().is_some() || exit == Exit::Code(PANICWRAP_CHILD_KILLED);
+            if (killed || stopping) && sys::group_alive(pid) {
+                match sys::kill(Target::Group(pid), libc::SIGKILL) {
+                    Ok(()) if stopping => tracing::info!(
+                        run = %run.id, pgid = pid.as_raw(), phase = Phase::Stopping.as_str(),
+                        seconds_left = self.timeline.seconds_left(Instant::now()),
+                        "SIGKILL to what terraform left in its process group"
+                    ),
+                    Ok(()) | Err(Errno::ESRCH) => {}
+                    Err(e) => {
+                        tracing::warn!(run = %run.id, pgid = pid.as_raw(), error = %e, "SIGKILL to terraform's leftovers failed")
+                    }
+                }
             }
         }
         self.maybe_finish(id);
@@ -857,6 +980,13 @@ impl Init {
         let Some(mut run) = self.runs.remove(&id) else {
             return;
         };
+        // An abandoned run's group can outlive terraform (a local-exec command that its graceful
+        // stop orphaned): it still gets its SIGKILL at the run's kill time.
+        if let (Some(at), Some(pgid)) = (run.kill_at, run.pid()) {
+            if !run.killed && pgid.as_raw() > 0 && sys::group_alive(pgid) {
+                self.leftover_groups.push((pgid, at, run.id.clone()));
+            }
+        }
         if let Some(mut h) = run.record.take() {
             let trouble = run.follower.as_ref().and_then(Follower::lock_trouble);
             match (exit, trouble) {

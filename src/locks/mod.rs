@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use record::{Owner, Record, Store};
 
+/// How long the heartbeat of an owner without records is kept after it went silent.
+const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// The init's side of lock-owner records: the store (when usable), who we are, the heartbeat timer.
 #[derive(Debug)]
 pub struct Locks {
@@ -39,6 +42,7 @@ impl Locks {
                 tracing::info!(state_dir = %dir.display(), owner = %owner.name, incarnation = %owner.incarnation(), "lock-owner records enabled");
                 // Unreadable records are set aside now, so each is reported once.
                 let records = store.sweep();
+                store.prune_heartbeats(&records, &owner, HEARTBEAT_RETENTION.max(ttl));
                 let stale = records
                     .iter()
                     .filter(|(_, r)| run_dead(&store, &owner, r, ttl).is_some())

@@ -154,6 +154,8 @@ pub enum Found {
     Corrupt(PathBuf, String),
     /// A newer format: left alone.
     Future(PathBuf, u32),
+    /// Not readable by this uid (another uid's record): left alone.
+    Unreadable(PathBuf, String),
 }
 
 /// Parses a record file's bytes. Besides JSON shape and version, the fields that become paths or
@@ -321,6 +323,9 @@ impl Store {
             match read_limited(&path) {
                 // Removed since readdir (its run ended): not a problem.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    out.push(Found::Unreadable(path, e.to_string()))
+                }
                 Err(e) => out.push(Found::Corrupt(path, format!("unreadable: {e}"))),
                 Ok(bytes) => match parse_record(&bytes) {
                     Ok(r) => out.push(Found::Record(path, Box::new(r))),
@@ -347,9 +352,37 @@ impl Store {
                     file = %p.display(), version = v, this_version = FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
                 ),
+                Found::Unreadable(p, e) => warn_unreadable(&p, &e),
             }
         }
         out
+    }
+
+    /// Removes heartbeats of owners that have no record left and have been silent for longer than
+    /// `older_than` (pods of a Deployment come and go under new names; a PVC would collect them).
+    pub fn prune_heartbeats(
+        &self,
+        records: &[(PathBuf, Record)],
+        me: &Owner,
+        older_than: Duration,
+    ) {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(owner) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if owner == me.name || records.iter().any(|(_, r)| r.owner.name == owner) {
+                continue;
+            }
+            if let Some(hb) = self.read_heartbeat(owner) {
+                if age(hb.updated_ms) > older_than {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
     }
 
     /// Takes the exclusive right to recover in this directory (flock on `recover.lock`), waiting
@@ -382,7 +415,10 @@ impl Store {
 
 fn found_path(f: &Found) -> &Path {
     match f {
-        Found::Record(p, _) | Found::Corrupt(p, _) | Found::Future(p, _) => p,
+        Found::Record(p, _)
+        | Found::Corrupt(p, _)
+        | Found::Future(p, _)
+        | Found::Unreadable(p, _) => p,
     }
 }
 
@@ -395,6 +431,14 @@ fn future_version(bytes: &[u8]) -> Option<u32> {
         .ok()
         .map(|v| v.v)
         .filter(|v| *v > FORMAT)
+}
+
+/// Warns about a record this uid may not read (pods sharing a state directory must share a uid).
+pub fn warn_unreadable(path: &Path, error: &str) {
+    tracing::warn!(
+        file = %path.display(), error,
+        "lock-owner record is not readable by this uid and is left alone: pods sharing TFINIT_STATE_DIR must run as the same uid"
+    );
 }
 
 /// Renames an unreadable record aside (`*.corrupt`) so it is reported once and never stops anyone.
@@ -612,6 +656,32 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(300));
         drop(held);
         assert!(store.lock_recovery(Duration::ZERO).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn silent_heartbeats_without_records_are_pruned() {
+        let (dir, store) = temp_store("prune");
+        let me = Owner::current("pod-me", None);
+        let old = |name: &str| {
+            let hb = Heartbeat {
+                v: FORMAT,
+                owner: Owner::current(name, None),
+                updated_ms: now_ms() - 3_600_000,
+            };
+            atomic_write(&dir.join(format!("owners/{name}.json")), &to_json(&hb)).unwrap();
+        };
+        old("gone");
+        old("with-record");
+        old("pod-me");
+        store.heartbeat(&Owner::current("fresh", None)).unwrap();
+        let mut r = sample(&Owner::current("with-record", None));
+        r.owner.name = "with-record".into();
+        store.prune_heartbeats(&[(dir.join("x"), r)], &me, Duration::from_secs(60));
+        assert!(store.read_heartbeat("gone").is_none());
+        for kept in ["with-record", "pod-me", "fresh"] {
+            assert!(store.read_heartbeat(kept).is_some(), "{kept}");
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -167,6 +167,7 @@ impl Recovery {
                         record::set_aside_corrupt(&path, &problem);
                     }
                 }
+                Found::Unreadable(path, e) => record::warn_unreadable(&path, &e),
                 Found::Future(path, v) => tracing::warn!(
                     file = %path.display(), version = v, this_version = record::FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
@@ -273,12 +274,14 @@ impl Recovery {
             Outcome::Free if orphans.is_empty() => tracing::info!(
                 record = %path.display(), "{base}: the state lock is free; record removed"
             ),
-            Outcome::Free => warn_record!("{base}: the state lock is free{orphan_hint}"),
+            Outcome::Free => {
+                warn_record!("{base}: the state lock is free; record removed{orphan_hint}")
+            }
             Outcome::NothingToRelease(b) => {
                 if orphans.is_empty() {
                     tracing::info!(record = %path.display(), backend = %b, "{base}: the {b} backend's lock ends with its process; record removed")
                 } else {
-                    warn_record!(backend = %b, "{base}: the {b} backend's lock ends with its process{orphan_hint}")
+                    warn_record!(backend = %b, "{base}: the {b} backend's lock ends with its process; record removed{orphan_hint}")
                 }
             }
             Outcome::Unsupported(b) => warn_record!(

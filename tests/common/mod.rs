@@ -82,14 +82,11 @@ impl Drop for TempDir {
 pub fn pid1(hostname: Option<&str>) -> Command {
     let mut c = Command::new("unshare");
     c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-    match hostname {
-        Some(h) => {
-            c.arg("--uts");
-            c.arg("sh")
-                .arg("-c")
-                .arg(format!("hostname {h} && exec \"$0\" \"$@\""));
-        }
-        None => {}
+    if let Some(h) = hostname {
+        c.arg("--uts");
+        c.arg("sh")
+            .arg("-c")
+            .arg(format!("hostname {h} && exec \"$0\" \"$@\""));
     }
     c.arg(tfinit());
     c

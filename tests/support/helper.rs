@@ -103,9 +103,10 @@ extern "C" fn capture_signal_state_at_exec() {
     EXEC_SIGIGN.store(ign, Ordering::SeqCst);
 }
 
+/// Appends `line` with one write(2): processes sharing the file (main and member) never interleave.
 fn append(path: &str, line: &str) {
     if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "{line}");
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 

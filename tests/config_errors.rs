@@ -1,0 +1,428 @@
+//! Bad configuration stops tfinit before anything starts: exit code 2 and one line naming the
+//! variable (or the flag that gave the value), the value, and a good example. An empty value (or a
+//! blank one, except for paths) counts as unset, from a variable or a flag (README: manifests and
+//! Helm charts often render `value: ""`).
+
+mod common;
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{tfinit, TempDir};
+
+/// One setting: its variable, its flag, the example its messages give, and values it refuses.
+struct Setting {
+    var: &'static str,
+    flag: &'static str,
+    example: &'static str,
+    /// Garbage, negative and huge values (`HUGE` is replaced by a 10,000-character one).
+    bad: &'static [&'static str],
+    /// A value that works, for the flag-wins-over-variable checks.
+    good: &'static str,
+}
+
+const HUGE: &str = "<huge>";
+
+const DURATION_BAD: &[&str] = &[
+    "soon",
+    "-5s",
+    "-1",
+    "1.5s",
+    "30 s",
+    "10x",
+    "9999h",
+    "99999999999999999999999999",
+    HUGE,
+];
+
+const SETTINGS: &[Setting] = &[
+    Setting {
+        var: "TFINIT_GRACE_PERIOD",
+        flag: "--grace-period",
+        example: "30s",
+        bad: DURATION_BAD,
+        good: "40s",
+    },
+    Setting {
+        var: "TFINIT_STOP_TIMEOUT",
+        flag: "--stop-timeout",
+        example: "10s",
+        bad: DURATION_BAD,
+        good: "5s",
+    },
+    Setting {
+        var: "TFINIT_KILL_MARGIN",
+        flag: "--kill-margin",
+        example: "2s",
+        bad: DURATION_BAD,
+        good: "1s",
+    },
+    Setting {
+        var: "TFINIT_OWNER_TTL",
+        flag: "--owner-ttl",
+        example: "30s",
+        // Plus one that parses but is too short for TTL/3 heartbeats.
+        bad: &[
+            "soon",
+            "-5s",
+            "-1",
+            "1.5s",
+            "9999h",
+            "99999999999999999999999999",
+            "500ms",
+            "0",
+            HUGE,
+        ],
+        good: "20s",
+    },
+    Setting {
+        var: "TFINIT_FORWARD",
+        flag: "--forward",
+        example: "group",
+        bad: &["everyone", "-1", "Group child", HUGE],
+        good: "child",
+    },
+    Setting {
+        var: "TFINIT_REWRITE",
+        flag: "--rewrite",
+        example: "TERM:INT,USR1:HUP",
+        bad: &[
+            "TERM",
+            "TERM:NOPE",
+            "NOPE:TERM",
+            "-1:2",
+            "TERM:65",
+            "TERM:INT,TERM:HUP",
+            "CHLD:TERM",
+            "SEGV:TERM",
+            "PIPE:HUP",
+            "KILL:TERM",
+            HUGE,
+        ],
+        good: "USR1:HUP",
+    },
+    Setting {
+        var: "TFINIT_LOG",
+        flag: "--log",
+        example: "info",
+        bad: &["loud", "-1", "9", HUGE],
+        good: "warn",
+    },
+    Setting {
+        var: "TFINIT_LOG_FORMAT",
+        flag: "--log-format",
+        example: "json",
+        bad: &["xml", "-1", HUGE],
+        good: "text",
+    },
+    Setting {
+        var: "TFINIT_RUN_DIR",
+        flag: "--run-dir",
+        example: "/tmp/tfinit",
+        // The last one is absolute but too long for a Unix socket's address.
+        bad: &["relative/dir", "-1", "/<long>"],
+        good: "<tmp>/run2",
+    },
+    Setting {
+        var: "TFINIT_STATE_DIR",
+        flag: "--state-dir",
+        example: "/var/lib/tfinit",
+        bad: &["relative/dir", "-1", "."],
+        good: "<tmp>/state2",
+    },
+    Setting {
+        var: "TFINIT_OWNER",
+        flag: "--owner",
+        example: "provider-terraform-7d9f-abcde",
+        bad: &["a/b", "../x", ".hidden", "has space", HUGE],
+        good: "pod-0",
+    },
+    Setting {
+        var: "TFINIT_FORCE_UNLOCK",
+        flag: "--force-unlock",
+        example: "auto",
+        bad: &["yes", "-1", HUGE],
+        good: "off",
+    },
+];
+
+/// A finished `tfinit ... -- touch MARKER`: its code, its stderr, whether the command ran.
+struct Outcome {
+    code: Option<i32>,
+    stderr: String,
+    started: bool,
+}
+
+fn expand(v: &str, tmp: &TempDir) -> String {
+    match v {
+        HUGE => "x".repeat(10_000),
+        "/<long>" => format!("/{}", "d".repeat(200)),
+        v => v.replace("<tmp>", &tmp.0.display().to_string()),
+    }
+}
+
+/// Runs `tfinit ARGS -- touch MARKER` with `env` (after clearing every TFINIT_* variable and
+/// pointing the run and state directories into a temp dir).
+fn run(env: &[(&str, &OsStr)], args: &[&str]) -> Outcome {
+    let tmp = TempDir::new("config");
+    let marker = tmp.join("started");
+    std::fs::create_dir_all(tmp.join("state")).unwrap();
+    let mut c = Command::new(tfinit());
+    for s in SETTINGS {
+        c.env_remove(s.var);
+    }
+    c.env("TFINIT_RUN_DIR", tmp.join("run"))
+        .env("TFINIT_STATE_DIR", tmp.join("state"))
+        .env("TFINIT_OWNER", "config-test");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.args(args).arg("--").arg("touch").arg(&marker);
+    let out = common::run_output(&mut c, Duration::from_secs(30));
+    Outcome {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        started: marker.exists(),
+    }
+}
+
+fn run_env(var: &str, value: &str) -> Outcome {
+    run(&[(var, OsStr::new(value))], &[])
+}
+
+/// Asserts exit 2, nothing started, one line naming `name` with `value` and an example.
+fn assert_refused(o: &Outcome, name: &str, value: &str, what: &str) {
+    assert_eq!(o.code, Some(2), "{what}: {}", o.stderr);
+    assert!(!o.started, "{what}: the command ran anyway");
+    let line = o.stderr.trim_end();
+    assert_eq!(line.lines().count(), 1, "{what}: not one line: {line}");
+    assert!(line.starts_with("tfinit: invalid "), "{what}: {line}");
+    assert!(
+        line.contains(&format!("{name}={value:?}")),
+        "{what}: names {name}={value:?}? {line}"
+    );
+    assert!(
+        line.contains(&format!("for example {name}=")),
+        "{what}: no example: {line}"
+    );
+}
+
+#[test]
+fn every_bad_variable_value_stops_tfinit_with_exit_2_and_one_line_naming_it() {
+    for s in SETTINGS {
+        for raw in s.bad {
+            let tmp = TempDir::new("value");
+            let v = expand(raw, &tmp);
+            let o = run_env(s.var, &v);
+            assert_refused(&o, s.var, &v, &format!("{}={raw}", s.var));
+            assert!(
+                o.stderr
+                    .contains(&format!("for example {}={}", s.var, s.example)),
+                "{}",
+                o.stderr
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bad_flag_value_is_named_by_the_flag_not_the_variable() {
+    for s in SETTINGS {
+        let tmp = TempDir::new("flag");
+        let raw = s.bad[0];
+        let v = expand(raw, &tmp);
+        let o = run(&[], &[&format!("{}={v}", s.flag)]);
+        assert_refused(&o, s.flag, &v, &format!("{}={raw}", s.flag));
+        assert!(
+            !o.stderr.contains(s.var),
+            "{}: names the variable: {}",
+            s.flag,
+            o.stderr
+        );
+    }
+}
+
+#[test]
+fn a_flag_wins_over_its_variable() {
+    for s in SETTINGS {
+        let tmp = TempDir::new("wins");
+        // A bad variable does not matter when the flag gives a good value...
+        let bad = expand(s.bad[0], &tmp);
+        let good = expand(s.good, &tmp);
+        let o = run(
+            &[(s.var, OsStr::new(&bad))],
+            &[&format!("{}={good}", s.flag)],
+        );
+        assert_eq!(o.code, Some(0), "{}: {}", s.flag, o.stderr);
+        assert!(o.started, "{}", s.flag);
+        // ...and a bad flag is refused even when the variable is good, naming the flag.
+        let o = run(
+            &[(s.var, OsStr::new(&good))],
+            &[&format!("{}={bad}", s.flag)],
+        );
+        assert_refused(&o, s.flag, &bad, s.flag);
+    }
+}
+
+#[test]
+fn an_empty_or_blank_value_counts_as_unset() {
+    for s in SETTINGS {
+        // A blank path is a relative path, refused like any other.
+        let values: &[&str] = if s.var.ends_with("_DIR") {
+            &[""]
+        } else {
+            &["", "   "]
+        };
+        for v in values {
+            let o = run_env(s.var, v);
+            assert_eq!(o.code, Some(0), "{}={v:?}: {}", s.var, o.stderr);
+            assert!(o.started, "{}={v:?}", s.var);
+        }
+        let o = run(&[], &[&format!("{}=", s.flag)]);
+        assert_eq!(o.code, Some(0), "{}=: {}", s.flag, o.stderr);
+    }
+}
+
+#[test]
+fn a_value_that_is_not_utf8_is_refused_naming_the_variable() {
+    for s in SETTINGS.iter().filter(|s| !s.var.ends_with("_DIR")) {
+        let v = OsString::from(OsStr::from_bytes(b"\xff\xfe"));
+        let o = run(&[(s.var, &v)], &[]);
+        assert_eq!(o.code, Some(2), "{}: {}", s.var, o.stderr);
+        assert!(!o.started);
+        assert_eq!(o.stderr.trim_end().lines().count(), 1, "{}", o.stderr);
+        assert!(
+            o.stderr.contains(&format!("invalid {}=", s.var)),
+            "{}",
+            o.stderr
+        );
+    }
+}
+
+fn assert_budget(o: &Outcome, names: [&str; 3], values: [&str; 3]) {
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(!o.started);
+    let line = o.stderr.trim_end();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    for (n, v) in names.iter().zip(values) {
+        assert!(
+            line.contains(&format!("{n} ({v}")),
+            "{n} ({v}) missing: {line}"
+        );
+    }
+    assert!(line.contains("for example "), "{line}");
+}
+
+#[test]
+fn stop_timeout_plus_kill_margin_not_below_the_grace_period_names_all_three() {
+    let names = [
+        "TFINIT_STOP_TIMEOUT",
+        "TFINIT_KILL_MARGIN",
+        "TFINIT_GRACE_PERIOD",
+    ];
+    // Only the grace period given: the defaults (10s + 2s) no longer fit; the grace period is blamed.
+    let o = run_env("TFINIT_GRACE_PERIOD", "5s");
+    assert_budget(&o, names, ["10s", "2s", "5s"]);
+    assert!(
+        o.stderr.contains("invalid TFINIT_GRACE_PERIOD=\"5s\""),
+        "{}",
+        o.stderr
+    );
+    // Equal is not smaller.
+    let o = run(
+        &[
+            ("TFINIT_GRACE_PERIOD", OsStr::new("5s")),
+            ("TFINIT_STOP_TIMEOUT", OsStr::new("3s")),
+            ("TFINIT_KILL_MARGIN", OsStr::new("2s")),
+        ],
+        &[],
+    );
+    assert_budget(&o, names, ["3s", "2s", "5s"]);
+    // Only the stop timeout given: it is blamed, and the example fits the default 30s budget.
+    let o = run_env("TFINIT_STOP_TIMEOUT", "29s");
+    assert_budget(&o, names, ["29s", "2s", "30s"]);
+    assert!(
+        o.stderr.contains("invalid TFINIT_STOP_TIMEOUT=\"29s\""),
+        "{}",
+        o.stderr
+    );
+    // Just fitting is fine.
+    let o = run(
+        &[
+            ("TFINIT_GRACE_PERIOD", OsStr::new("5s")),
+            ("TFINIT_STOP_TIMEOUT", OsStr::new("2s")),
+            ("TFINIT_KILL_MARGIN", OsStr::new("2s")),
+        ],
+        &[],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+}
+
+#[test]
+fn the_budget_message_names_flags_when_flags_gave_the_values() {
+    let o = run(
+        &[],
+        &["--grace-period=5s", "--stop-timeout=3s", "--kill-margin=2s"],
+    );
+    assert_budget(
+        &o,
+        ["--stop-timeout", "--kill-margin", "--grace-period"],
+        ["3s", "2s", "5s"],
+    );
+    assert!(!o.stderr.contains("TFINIT_"), "{}", o.stderr);
+    // Mixed: each named where it came from.
+    let o = run(
+        &[("TFINIT_GRACE_PERIOD", OsStr::new("5s"))],
+        &["--stop-timeout=4s"],
+    );
+    assert_budget(
+        &o,
+        [
+            "--stop-timeout",
+            "TFINIT_KILL_MARGIN",
+            "TFINIT_GRACE_PERIOD",
+        ],
+        ["4s", "2s", "5s"],
+    );
+}
+
+#[test]
+fn the_example_in_a_budget_message_is_itself_a_good_value() {
+    for (var, value) in [
+        ("TFINIT_GRACE_PERIOD", "5s"),
+        ("TFINIT_STOP_TIMEOUT", "29s"),
+        ("TFINIT_KILL_MARGIN", "25s"),
+    ] {
+        let o = run_env(var, value);
+        assert_eq!(o.code, Some(2), "{}", o.stderr);
+        let example = o
+            .stderr
+            .trim_end()
+            .rsplit_once(&format!("for example {var}="))
+            .map(|(_, e)| e.to_string())
+            .unwrap_or_else(|| panic!("no example for {var}: {}", o.stderr));
+        let o = run_env(var, &example);
+        assert_eq!(
+            o.code,
+            Some(0),
+            "{var}={example} (the suggested value) refused: {}",
+            o.stderr
+        );
+    }
+}
+
+#[test]
+fn without_a_command_tfinit_exits_2_and_shows_the_usage() {
+    let mut c = Command::new(tfinit());
+    c.env("TFINIT_RUN_DIR", "/nonexistent-run-dir");
+    let out = common::run_output(&mut c, Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("no command to run") && stderr.contains("tfinit -- "),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,573 @@
+//! Load on a running init (tfinit as PID 1 of a PID namespace, as in a container): 256
+//! terraform runs at once through the shim (the fake terraform), 16 real terraform runs at once,
+//! and signals to the init during a burst of 10,000 orphan exits. Every run must get exactly its
+//! own output and exit code, every signal must reach the controller exactly once, every orphan
+//! must be reaped; the init's RSS and CPU time are reported (`cargo test --test load --
+//! --nocapture` shows the `load:` lines; docs/reliability.md has the figures).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::{fake_terraform_dir, helper, read, shim_dir, tfinit, wait_for, TempDir};
+
+/// Generous bound for anything that should take a few seconds.
+const SOON: Duration = Duration::from_secs(120);
+
+/// The tests here run one at a time: each alone fills the machine's two cores.
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every variable tfinit reads, removed so the caller's environment cannot change a test.
+const TFINIT_VARS: [&str; 15] = [
+    "TFINIT_FORWARD",
+    "TFINIT_REWRITE",
+    "TFINIT_GRACE_PERIOD",
+    "TFINIT_STOP_TIMEOUT",
+    "TFINIT_KILL_MARGIN",
+    "TFINIT_LOG",
+    "TFINIT_LOG_FORMAT",
+    "TFINIT_RUN_DIR",
+    "TFINIT_STATE_DIR",
+    "TFINIT_OWNER",
+    "TFINIT_OWNER_TTL",
+    "TFINIT_FORCE_UNLOCK",
+    "TFINIT_TERRAFORM",
+    "TFINIT_POD_UID",
+    "POD_UID",
+];
+
+/// A tfinit running as PID 1 with a `helper signals` controller that exits 0 on SIGTERM.
+struct Init {
+    child: Child,
+    /// tfinit's pid as this test sees it.
+    pid: i32,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+    run_dir: PathBuf,
+    state_dir: PathBuf,
+    /// What the controller recorded (`ready main PID`, `main SIGRTMIN+1`, ...).
+    signals_log: PathBuf,
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    read(Path::new(&format!("/proc/{pid}/task/{pid}/children")))
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn sh_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+/// The init's resources as /proc shows them.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    /// Peak resident set (VmHWM), KiB.
+    peak_rss_kib: u64,
+    /// Resident set now (VmRSS), KiB.
+    rss_kib: u64,
+    /// User + system CPU time, ms.
+    cpu_ms: u64,
+}
+
+impl Init {
+    /// Starts tfinit as PID 1; the controller first runs `controller_first` (shell) when given.
+    fn start(tmp: &TempDir, env: &[(&str, &str)], controller_first: &str) -> Init {
+        let run_dir = tmp.join("run");
+        let state_dir = tmp.join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let signals_log = tmp.join("controller.log");
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+        c.arg(tfinit()).arg("--");
+        if controller_first.is_empty() {
+            c.arg(helper())
+                .arg("signals")
+                .arg(&signals_log)
+                .args(["--exit-on", "TERM"]);
+        } else {
+            c.args([
+                "sh",
+                "-c",
+                &format!(
+                    "{controller_first}; exec {} signals {} --exit-on TERM",
+                    sh_quote(&helper()),
+                    sh_quote(&signals_log)
+                ),
+            ]);
+        }
+        for v in TFINIT_VARS {
+            c.env_remove(v);
+        }
+        c.env("TFINIT_RUN_DIR", &run_dir)
+            .env("TFINIT_STATE_DIR", &state_dir)
+            .env("TFINIT_OWNER", "load")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn unshare");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut pipe = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let unshare = child.id() as i32;
+        let want = std::fs::canonicalize(tfinit()).unwrap();
+        let pid = wait_for(SOON, "tfinit to start under unshare", || {
+            children_of(unshare)
+                .into_iter()
+                .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want))
+        });
+        let init = Init {
+            child,
+            pid,
+            stderr,
+            reader: Some(reader),
+            run_dir,
+            state_dir,
+            signals_log,
+        };
+        wait_for(SOON, "the controller to be ready", || {
+            read(&init.signals_log).contains("ready main").then_some(())
+        });
+        init
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) with plain integers.
+        let rc = unsafe { libc::kill(self.pid, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.pid);
+    }
+
+    /// The init's RSS and CPU time (/proc/PID/status and /proc/PID/stat: the same files the
+    /// namespace sees as /proc/1/...).
+    fn usage(&self) -> Usage {
+        let status = read(Path::new(&format!("/proc/{}/status", self.pid)));
+        let kib = |field: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.pid))
+        };
+        let stat = read(Path::new(&format!("/proc/{}/stat", self.pid)));
+        // After the command's ")": state is field 3, utime field 14, stime field 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map_or("", |(_, r)| r)
+            .split(' ')
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf with a valid name.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        Usage {
+            peak_rss_kib: kib("VmHWM"),
+            rss_kib: kib("VmRSS"),
+            cpu_ms: ticks * 1000 / hz,
+        }
+    }
+
+    /// Terraform processes (anything but the controller) the init is the parent of now.
+    fn terraform_children(&self) -> usize {
+        children_of(self.pid)
+            .into_iter()
+            .filter(|p| read(Path::new(&format!("/proc/{p}/comm"))).trim() == "terraform")
+            .count()
+    }
+
+    /// Stops the init with SIGTERM (the controller exits 0 on it) and checks it exited 0.
+    fn stop_cleanly(mut self) -> String {
+        self.signal(libc::SIGTERM);
+        let status: ExitStatus = common::wait_child(&mut self.child, SOON, "tfinit after SIGTERM");
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let log = self.stderr.lock().unwrap().clone();
+        assert_eq!(status.code(), Some(0), "tfinit log:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+        log
+    }
+}
+
+impl Drop for Init {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Collects a child's stdout and stderr in threads and waits for it with a deadline.
+fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = common::wait_child(&mut child, timeout, "shim");
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+fn root() -> bool {
+    common::require(common::is_root(), "root (PID namespaces)")
+}
+
+/// Record files left in the state directory.
+fn records(state_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state_dir.join("records"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output_and_exit_code() {
+    if !root() {
+        return;
+    }
+    let _g = heavy();
+    const N: usize = 256;
+    let tmp = TempDir::new("load-256");
+    let init = Init::start(&tmp, &[], "");
+    let shim = shim_dir(&tmp);
+    let fake = fake_terraform_dir(&tmp);
+    let path = common::path_with(&[&shim, &fake]);
+    let before = init.usage();
+    let started = Instant::now();
+    // Each fake terraform first reads its stdin (the shim's, passed to it through the init) to
+    // the end: all 256 are running at once before any of them is let go.
+    let mut shims = Vec::with_capacity(N);
+    for i in 0..N {
+        let work = tmp.join(&format!("work/{i}"));
+        std::fs::create_dir_all(&work).unwrap();
+        // Even runs take the state lock (records, output followed), odd ones do not.
+        let args: Vec<String> = if i % 2 == 0 {
+            vec![
+                "apply".into(),
+                "-auto-approve".into(),
+                format!("-var=i={i}"),
+            ]
+        } else {
+            vec!["output".into(), "-json".into(), format!("run{i}")]
+        };
+        let mut c = Command::new(shim.join("terraform"));
+        c.args(&args)
+            .current_dir(&work)
+            .env("PATH", &path)
+            .env("TFINIT_RUN_DIR", &init.run_dir)
+            .env_remove("TFINIT_TERRAFORM")
+            .env("FAKE_TF_STDIN", "1")
+            .env("FAKE_TF_OUT_BYTES", (997 * i).to_string())
+            .env("FAKE_TF_ECHO", "1")
+            .env("FAKE_TF_EXIT", i.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        shims.push((c.spawn().expect("spawn shim"), args));
+    }
+    wait_for(SOON, "all 256 terraform runs to be running at once", || {
+        (init.terraform_children() == N).then_some(())
+    });
+    let all_running = started.elapsed().as_secs_f64();
+    let during = init.usage();
+    let mut waiting = Vec::with_capacity(N);
+    for (i, (mut child, args)) in shims.into_iter().enumerate() {
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("stdin of run {i}\n").as_bytes())
+            .unwrap();
+        drop(stdin);
+        waiting.push((child, args));
+    }
+    let outputs: Vec<(Output, Vec<String>)> = waiting
+        .into_iter()
+        .map(|(c, a)| (wait_output(c, SOON), a))
+        .collect();
+    let secs = started.elapsed().as_secs_f64();
+    let after = init.usage();
+    for (i, (out, args)) in outputs.iter().enumerate() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(i as i32), "run {i}: {stderr}");
+        let mut want = format!("stdin of run {i}\n").into_bytes();
+        want.extend(vec![b'x'; 997 * i]);
+        want.extend(format!("args: {}\n", args.join(" ")).into_bytes());
+        assert!(
+            out.stdout == want,
+            "run {i}: wrong stdout ({} bytes, want {})",
+            out.stdout.len(),
+            want.len()
+        );
+        let cwd = tmp.join(&format!("work/{i}"));
+        assert_eq!(stderr, format!("cwd: {}\n", cwd.display()), "run {i}");
+    }
+    // Every state-locking run ended normally: no record is left behind.
+    assert_eq!(records(&init.state_dir), Vec::<PathBuf>::new());
+    eprintln!(
+        "load: {N} runs at once: all running after {all_running:.1}s, all done after {secs:.1}s; init RSS {} KiB before, {} KiB with all running, peak {} KiB; init CPU {} ms for the lot",
+        before.rss_kib,
+        during.rss_kib,
+        after.peak_rss_kib,
+        after.cpu_ms - before.cpu_ms
+    );
+    assert!(
+        after.peak_rss_kib < 64 * 1024,
+        "init peak RSS {} KiB",
+        after.peak_rss_kib
+    );
+    init.stop_cleanly();
+}
+
+fn terraform_bin() -> PathBuf {
+    common::deps().join("bin/terraform")
+}
+
+fn plugins() -> PathBuf {
+    common::deps().join("plugins")
+}
+
+#[test]
+fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_exit_code() {
+    if !root()
+        || !common::require(
+            terraform_bin().exists() && plugins().is_dir(),
+            "terraform and the null provider in .test-deps (scripts/install-test-deps.sh)",
+        )
+    {
+        return;
+    }
+    let _g = heavy();
+    const N: usize = 16;
+    let tmp = TempDir::new("load-real");
+    let init = Init::start(&tmp, &[], "");
+    let shim = shim_dir(&tmp);
+    let bin = terraform_bin().parent().unwrap().to_path_buf();
+    let path = common::path_with(&[&shim, &bin]);
+    let dirs: Vec<PathBuf> = (0..N)
+        .map(|i| {
+            let d = tmp.join(&format!("tf/{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("main.tf"),
+                format!("resource \"null_resource\" \"n\" {{\n  triggers = {{\n    run = \"run-{i}\"\n  }}\n}}\n"),
+            )
+            .unwrap();
+            d
+        })
+        .collect();
+    let terraform = |dir: &Path, args: &[&str]| -> Child {
+        Command::new(shim.join("terraform"))
+            .args(args)
+            .current_dir(dir)
+            .env("PATH", &path)
+            .env("TFINIT_RUN_DIR", &init.run_dir)
+            .env_remove("TFINIT_TERRAFORM")
+            .env("CHECKPOINT_DISABLE", "1")
+            .env("TF_IN_AUTOMATION", "1")
+            .env_remove("TF_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shim")
+    };
+    let before = init.usage();
+    let started = Instant::now();
+    let plugin_dir = format!("-plugin-dir={}", plugins().display());
+    let inits: Vec<Child> = dirs
+        .iter()
+        .map(|d| terraform(d, &["init", "-input=false", "-no-color", &plugin_dir]))
+        .collect();
+    for (i, c) in inits.into_iter().enumerate() {
+        let out = wait_output(c, Duration::from_secs(300));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "init {i}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("Terraform has been successfully initialized"),
+            "init {i}: {stdout}"
+        );
+    }
+    let inited = started.elapsed().as_secs_f64();
+    // plan -detailed-exitcode exits 2 when there are changes: an exit code that is not 0 must
+    // come back as it is.
+    let plans: Vec<Child> = dirs
+        .iter()
+        .map(|d| {
+            terraform(
+                d,
+                &["plan", "-input=false", "-no-color", "-detailed-exitcode"],
+            )
+        })
+        .collect();
+    let mut peak_running = 0;
+    let mut outputs = Vec::with_capacity(N);
+    for c in plans {
+        peak_running = peak_running.max(init.terraform_children());
+        outputs.push(wait_output(c, Duration::from_secs(300)));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let after = init.usage();
+    for (i, out) in outputs.iter().enumerate() {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "plan {i}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("null_resource.n will be created"),
+            "plan {i}: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("\"run\" = \"run-{i}\"")),
+            "plan {i} shows another run's plan: {stdout}"
+        );
+        assert!(
+            stdout.contains("Plan: 1 to add, 0 to change, 0 to destroy."),
+            "plan {i}: {stdout}"
+        );
+        // Each plan in its own directory: its own state lock, never another's.
+        assert!(
+            !stdout.contains("Error acquiring the state lock"),
+            "plan {i}: {stdout}"
+        );
+    }
+    assert_eq!(
+        records(&init.state_dir),
+        Vec::<PathBuf>::new(),
+        "records left behind"
+    );
+    eprintln!(
+        "load: {N} real terraform init + {N} plan at once: inits {inited:.1}s, plans done after {secs:.1}s ({peak_running} terraform processes under the init at the most sampled); init RSS {} KiB before, peak {} KiB; init CPU {} ms",
+        before.rss_kib,
+        after.peak_rss_kib,
+        after.cpu_ms - before.cpu_ms
+    );
+    assert!(
+        after.peak_rss_kib < 64 * 1024,
+        "init peak RSS {} KiB",
+        after.peak_rss_kib
+    );
+    init.stop_cleanly();
+}
+
+#[test]
+fn signals_to_the_init_during_ten_thousand_orphan_exits_all_reach_the_controller_exactly_once() {
+    if !root() {
+        return;
+    }
+    let _g = heavy();
+    const ORPHANS: usize = 10_000;
+    const PER_SIGNAL: usize = 100;
+    let tmp = TempDir::new("load-orphans");
+    let burst = tmp.join("orphans.out");
+    // The controller starts the burst in the background, then becomes the signal recorder (the
+    // same pid: the init forwards to it). Forwarding to the controller alone keeps the real-time
+    // signals (whose default action is to terminate) away from the burst's processes.
+    let init = Init::start(
+        &tmp,
+        &[("TFINIT_FORWARD", "child")],
+        &format!(
+            "{} orphans {ORPHANS} --deadline-s 110 >{} 2>&1 &",
+            sh_quote(&helper()),
+            sh_quote(&burst)
+        ),
+    );
+    let before = init.usage();
+    // Real-time signals queue (standard ones coalesce, so their count proves nothing): three
+    // kinds, interleaved, a hundred of each, sent while the orphans fork and exit.
+    // SAFETY: SIGRTMIN() only reads libc's constant.
+    let rtmin = libc::SIGRTMIN();
+    let kinds = [rtmin + 1, rtmin + 2, rtmin + 3];
+    let mut sent_during_burst = 0;
+    for k in 0..PER_SIGNAL * kinds.len() {
+        if read(&burst).is_empty() {
+            sent_during_burst += 1;
+        }
+        init.signal(kinds[k % kinds.len()]);
+        // Spread over the burst rather than all queued at once (pacing, not synchronisation).
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    assert!(
+        sent_during_burst > 0,
+        "the burst ended before the first signal: it proves nothing"
+    );
+    let count = |name: &str| {
+        read(&init.signals_log)
+            .lines()
+            .filter(|l| *l == format!("main {name}"))
+            .count()
+    };
+    wait_for(SOON, "every signal to reach the controller", || {
+        (1..=3)
+            .all(|k| count(&format!("SIGRTMIN+{k}")) >= PER_SIGNAL)
+            .then_some(())
+    });
+    let report = wait_for(SOON, "the burst's report", || {
+        let r = read(&burst);
+        r.contains('\n').then_some(r)
+    });
+    assert!(
+        report.contains(&format!("orphans={ORPHANS} forked={ORPHANS} adopted_by=1 ")),
+        "{report}"
+    );
+    assert!(
+        report.trim_end().ends_with("zombies=0"),
+        "orphans were not all reaped: {report}"
+    );
+    // A last, higher signal: lower ones pending are delivered first, so once it is recorded the
+    // counts are final; none may have arrived twice.
+    init.signal(rtmin + 4);
+    wait_for(SOON, "the last signal", || {
+        (count("SIGRTMIN+4") == 1).then_some(())
+    });
+    for k in 1..=3 {
+        assert_eq!(count(&format!("SIGRTMIN+{k}")), PER_SIGNAL, "SIGRTMIN+{k}");
+    }
+    let after = init.usage();
+    eprintln!(
+        "load: {} signals ({} sent while {ORPHANS} orphans were being forked and reaped) all arrived once; burst: {}; init CPU {} ms, peak RSS {} KiB",
+        PER_SIGNAL * kinds.len(),
+        sent_during_burst,
+        report.trim(),
+        after.cpu_ms - before.cpu_ms,
+        after.peak_rss_kib
+    );
+    init.stop_cleanly();
+}

@@ -22,7 +22,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ENTRYPOINT_JSON='["/usr/local/bin/tfinit","--"]'
 PREBUILT="" TFINIT_BIN="" NO_PULL="" CMD_JSON=""
 
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "build-image: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do

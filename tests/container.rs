@@ -78,23 +78,25 @@ fn engine() -> &'static Result<String, String> {
         if out.status.success() && !version.is_empty() {
             Ok(version)
         } else {
-            Err(format!(
-                "`docker info` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            Err(format!("`docker info` failed: {}", first.trim()))
         }
     })
 }
 
 /// Whether a Docker engine answers; prints the one-line skip notice when not.
-fn have_docker(test: &str) -> bool {
+fn have_docker() -> bool {
     match engine() {
         Ok(_) => true,
         Err(why) => {
             if std::env::var_os("TFINIT_REQUIRE_DOCKER").is_some() {
                 panic!("TFINIT_REQUIRE_DOCKER is set but there is no Docker engine: {why}");
             }
-            eprintln!("SKIP {test}: no Docker engine ({why}); container tests skipped");
+            // libtest names each test's thread after the test.
+            let current = std::thread::current();
+            let test = current.name().unwrap_or("container test");
+            eprintln!("SKIP {test}: no Docker engine ({why})");
             false
         }
     }
@@ -575,7 +577,7 @@ fn start_apply(ws: &Workspace, what: &str, hostname: &str, extra: &[(&str, &str)
 fn docker_stop_during_a_slow_apply_lets_the_apply_complete_and_exits_early_with_the_controllers_code(
 ) {
     let _serial = serial();
-    if !have_docker("docker_stop_during_a_slow_apply") || !have_scenario_deps() {
+    if !have_docker() || !have_scenario_deps() {
         return;
     }
     let ws = Workspace::new("complete");
@@ -634,7 +636,7 @@ fn docker_stop_during_a_slow_apply_lets_the_apply_complete_and_exits_early_with_
 #[test]
 fn docker_stop_with_a_short_timeout_stops_terraform_gracefully_before_dockers_sigkill() {
     let _serial = serial();
-    if !have_docker("docker_stop_with_a_short_timeout") || !have_scenario_deps() {
+    if !have_docker() || !have_scenario_deps() {
         return;
     }
     let ws = Workspace::new("graceful");
@@ -707,7 +709,7 @@ fn docker_stop_with_a_short_timeout_stops_terraform_gracefully_before_dockers_si
 fn a_container_killed_mid_apply_leaves_a_lock_that_the_next_container_on_the_same_state_volume_recovers(
 ) {
     let _serial = serial();
-    if !have_docker("a_container_killed_mid_apply") || !have_scenario_deps() {
+    if !have_docker() || !have_scenario_deps() {
         return;
     }
     let ws = Workspace::new("recover");
@@ -815,8 +817,7 @@ const REPORT: &str = r#"echo "argv: $0 $*"; echo "pid1: $(cat /proc/1/comm)"; t=
 #[test]
 fn an_image_built_on_a_base_runs_the_bases_entrypoint_and_cmd_under_tfinit() {
     let _serial = serial();
-    if !have_docker("an_image_built_on_a_base_runs_the_bases_entrypoint_and_cmd") || !have_busybox()
-    {
+    if !have_docker() || !have_busybox() {
         return;
     }
     // Like provider-terraform: the controller is the ENTRYPOINT; here with a CMD too, and no PATH.
@@ -878,7 +879,7 @@ fn an_image_built_on_a_base_runs_the_bases_entrypoint_and_cmd_under_tfinit() {
 #[test]
 fn an_image_built_on_a_base_keeps_the_bases_cmd_and_path() {
     let _serial = serial();
-    if !have_docker("an_image_built_on_a_base_keeps_the_bases_cmd_and_path") || !have_busybox() {
+    if !have_docker() || !have_busybox() {
         return;
     }
     let cmd = serde_json::json!(["/bin/busybox", "sh", "-c", REPORT, "provider", "from-cmd"]);

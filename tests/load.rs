@@ -100,7 +100,7 @@ impl Init {
                 "sh",
                 "-c",
                 &format!(
-                    "{controller_first}; exec {} signals {} --exit-on TERM",
+                    "{controller_first}\nexec {} signals {} --exit-on TERM",
                     sh_quote(&helper()),
                     sh_quote(&signals_log)
                 ),

@@ -28,12 +28,6 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
             None
         }
     };
-    let locks = crate::locks::Locks::open(
-        &cfg.state_dir,
-        crate::locks::record::Owner::current(&cfg.owner, cfg.pod_uid.clone()),
-        cfg.owner_ttl,
-        cfg.force_unlock,
-    );
     let env = [("TFINIT_RUN_DIR", OsString::from(&cfg.run_dir))];
     let main_pid = match spawn::main_child(&command, &env) {
         Ok(pid) => pid,
@@ -43,6 +37,15 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
         }
     };
     tracing::info!(pid = main_pid.as_raw(), command = ?command, "controller started");
+    // After the controller's start: opening the state directory fsyncs a probe file and this
+    // owner's record (milliseconds on a network volume), and nothing before the loop needs it.
+    // Shims that connect meanwhile wait in the socket's backlog until the loop serves them.
+    let locks = crate::locks::Locks::open(
+        &cfg.state_dir,
+        crate::locks::record::Owner::current(&cfg.owner, cfg.pod_uid.clone()),
+        cfg.owner_ttl,
+        cfg.force_unlock,
+    );
     // The loop: never exits on a runtime error.
     match event_loop::Init::new(cfg, mode, signals, listener, locks, main_pid) {
         Ok(init) => init.run(),

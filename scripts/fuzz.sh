@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Fuzz tfinit's parsers with cargo fuzz (libFuzzer + AddressSanitizer, nightly toolchain).
+#
+#   scripts/fuzz.sh                    short run of every target (the test suite's step):
+#                                      FUZZ_SECONDS each, default 30
+#   scripts/fuzz.sh long               10 minutes per target (FUZZ_SECONDS=600), one after the other
+#   scripts/fuzz.sh [short|long] T...  only targets T (decoder record lockinfo follower)
+#   scripts/fuzz.sh merge [T...]       after a run with FUZZ_KEEP=DIR: add to fuzz/corpus/T only the
+#                                      inputs of DIR/T that reach code the kept corpus does not
+#
+# Targets (fuzz/fuzz_targets/, each states the properties it asserts): decoder (socket frames),
+# record (lock-owner record files), lockinfo (terraform's Lock Info and Go times), follower
+# (terraform output -> resources in progress).
+#
+# The seed corpus fuzz/corpus/T is only read: what a run discovers goes to a scratch directory
+# (kept with FUZZ_KEEP=DIR, else deleted). A crash or a hang (an input taking over 10 s) fails
+# the run; the input is saved in fuzz/artifacts/T/ and the command to replay it is printed.
+# Each target ends with a line `fuzz: T: S s, N execs, corpus C inputs (B), crashes 0`.
+#
+# Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz --locked`). Without them it
+# fails under CI or TFINIT_REQUIRE_DEPS, and skips with one line otherwise.
+#
+# The repository's .cargo/config.toml sets crt-static and relocation-model=static for the
+# explicit target; cargo fuzz passes its flags in RUSTFLAGS, which take precedence over
+# target.<triple>.rustflags, so the fuzz build is a normal dynamically linked, sanitized one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGETS=(decoder record lockinfo follower)
+MODE=short
+case "${1:-}" in
+    short|long|merge) MODE=$1; shift ;;
+esac
+if [ $# -gt 0 ]; then
+    TARGETS=("$@")
+fi
+case $MODE in
+    short) SECONDS_EACH=${FUZZ_SECONDS:-30} ;;
+    long) SECONDS_EACH=${FUZZ_SECONDS:-600} ;;
+    merge) SECONDS_EACH=0; : "${FUZZ_KEEP:?set FUZZ_KEEP to the directory a run kept}" ;;
+esac
+
+missing() {
+    if [ -n "${CI:-}" ] || [ -n "${TFINIT_REQUIRE_DEPS:-}" ]; then
+        echo "fuzz: FAILED: $1" >&2
+        exit 1
+    fi
+    echo "fuzz: SKIP: $1"
+    exit 0
+}
+rustup run nightly rustc --version >/dev/null 2>&1 ||
+    missing "no nightly toolchain (rustup toolchain install nightly)"
+cargo +nightly fuzz --version >/dev/null 2>&1 ||
+    missing "cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
+
+# Release with debug assertions and overflow checks: an overflow is a finding, not a wrap.
+FUZZ=(cargo +nightly fuzz)
+BUILD_FLAGS=(-O --debug-assertions)
+# Inputs up to 8 KiB (the largest seed is 4 KiB); 10 s for one input is a hang.
+LIBFUZZER_FLAGS=(-max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+
+SCRATCH=${FUZZ_KEEP:-$(mktemp -d "${TMPDIR:-/tmp}/tfinit-fuzz.XXXXXX")}
+mkdir -p "$SCRATCH"
+if [ -z "${FUZZ_KEEP:-}" ]; then
+    trap 'rm -rf "$SCRATCH"' EXIT
+fi
+
+echo "fuzz: building the targets"
+if ! "${FUZZ[@]}" build "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
+    tail -n 40 "$SCRATCH/build.log" >&2
+    echo "fuzz: FAILED: the fuzz targets do not build" >&2
+    exit 1
+fi
+
+if [ "$MODE" = merge ]; then
+    KEEP=$FUZZ_KEEP
+    for t in "${TARGETS[@]}"; do
+        before=$(find "fuzz/corpus/$t" -type f | wc -l)
+        "${FUZZ[@]}" run "${BUILD_FLAGS[@]}" "$t" "fuzz/corpus/$t" "$KEEP/$t" -- -merge=1 \
+            "${LIBFUZZER_FLAGS[@]}" >"$KEEP/$t.merge.log" 2>&1
+        after=$(find "fuzz/corpus/$t" -type f | wc -l)
+        echo "fuzz: $t: corpus $before -> $after inputs ($(du -sh "fuzz/corpus/$t" | cut -f1))"
+    done
+    exit 0
+fi
+
+failed=0
+for t in "${TARGETS[@]}"; do
+    mkdir -p "$SCRATCH/$t" "fuzz/artifacts/$t"
+    log="$SCRATCH/$t.log"
+    echo "fuzz: $t: running ${SECONDS_EACH}s"
+    start=$(date +%s)
+    set +e
+    "${FUZZ[@]}" run "${BUILD_FLAGS[@]}" "$t" "$SCRATCH/$t" "fuzz/corpus/$t" -- \
+        -max_total_time="$SECONDS_EACH" "${LIBFUZZER_FLAGS[@]}" >"$log" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+    corpus=$(grep -o 'corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" | tail -n1 | sed 's/corp: //')
+    inputs=${corpus%%/*}
+    bytes=${corpus#*/}
+    if [ "$rc" = 0 ]; then
+        echo "fuzz: $t: ${took} s, ${execs:-?} execs, corpus ${inputs:-?} inputs (${bytes:-?}), crashes 0"
+    else
+        failed=1
+        artifact=$(grep -o 'fuzz/artifacts/[^ ]*' "$log" | tail -n1 || true)
+        echo "fuzz: $t: FAILED after ${took} s (exit $rc), ${execs:-?} execs" >&2
+        grep -E 'panicked|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY' "$log" | head -n 5 >&2 || true
+        tail -n 30 "$log" >&2
+        if [ -n "$artifact" ]; then
+            echo "fuzz: $t: input saved as $artifact; replay: cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact" >&2
+        fi
+    fi
+done
+if [ -n "${FUZZ_KEEP:-}" ]; then
+    echo "fuzz: corpora and logs kept in $SCRATCH (scripts/fuzz.sh merge adds what is new to fuzz/corpus)"
+fi
+exit $failed

@@ -209,20 +209,28 @@ static struct run start(char **argv, int proc, int p[2]) {
     return r;
 }
 
-// Reads one report line with the given tag; returns 0 on success.
+// Reads the next report line, which must have the given tag; returns 0 on success. Lines are
+// single writes of a few bytes, so one read(2) usually returns exactly one: the driver wakes once
+// per report instead of once per byte (it shares the CPUs with what it measures).
+static char pending[256];
+static size_t npending;
+
 static int expect(int fd, char tag, int64_t *a, int64_t *b) {
-    char line[64];
-    size_t n = 0;
-    while (n < sizeof line - 1) {
-        ssize_t k = read(fd, line + n, 1);
+    char *nl;
+    while (!(nl = memchr(pending, '\n', npending))) {
+        if (npending == sizeof pending) return -1;
+        ssize_t k = read(fd, pending + npending, sizeof pending - npending);
         if (k <= 0) return -1;
-        if (line[n] == '\n') break;
-        n++;
+        npending += (size_t)k;
     }
-    line[n] = 0;
+    *nl = 0;
     long long x = 0, y = 0;
     char t = 0;
-    if (sscanf(line, "%c %lld %lld", &t, &x, &y) < 1 || t != tag) return -1;
+    int ok = sscanf(pending, "%c %lld %lld", &t, &x, &y) >= 1 && t == tag;
+    size_t used = (size_t)(nl - pending) + 1;
+    memmove(pending, pending + used, npending - used);
+    npending -= used;
+    if (!ok) return -1;
     if (a) *a = x;
     if (b) *b = y;
     return 0;
@@ -302,6 +310,7 @@ static void trial(const char *what, struct init *in, const char *self, const cha
     fcntl(p[0], F_SETFD, FD_CLOEXEC);
     int fd = p[1];
     int i = in->ok;
+    npending = 0;
     int failed = 0;
     if (!strcmp(what, "latency")) {
         struct run r = start(build(in->argv, in->n, self, "term", fd, NULL), 0, p);

@@ -96,8 +96,8 @@ for t in "${TARGETS[@]}"; do
     rc=$?
     set -e
     took=$(($(date +%s) - start))
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
-    corpus=$(grep -o 'corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" | tail -n1 | sed 's/corp: //')
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1 || true)
+    corpus=$(grep -o 'corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" | tail -n1 | sed 's/corp: //' || true)
     inputs=${corpus%%/*}
     bytes=${corpus#*/}
     if [ "$rc" = 0 ]; then

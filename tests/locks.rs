@@ -921,6 +921,10 @@ fn force_unlock_off_never_unlocks_and_recover_dry_run_changes_nothing() {
         rec_bytes,
         "dry run leaves the record"
     );
+    assert!(
+        !w.state.join("recover.lock").exists(),
+        "a dry run writes nothing, not even the recovery lock"
+    );
 
     let real = recover_by_hand(&w, &[]);
     assert!(

@@ -10,13 +10,29 @@
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
-use tfinit::locks::record::{parse_record, FORMAT};
+use tfinit::config::valid_owner;
+use tfinit::locks::record::{parse_record, valid_workspace, FORMAT};
 
-/// A record as the init writes it, as JSON: every required field with arbitrary values (built as
-/// JSON rather than as a `Record` so that optional fields added later keep their defaults).
+/// A name from `chars`, 1 to `max` long, not starting with `.` or `-`.
+fn name(u: &mut Unstructured<'_>, chars: &[u8], max: usize) -> Result<String> {
+    let n = u.int_in_range(1..=max)?;
+    let mut s = String::new();
+    for i in 0..n {
+        let c = *u.choose(chars)? as char;
+        s.push(if i == 0 && (c == '.' || c == '-') { 'x' } else { c });
+    }
+    Ok(s)
+}
+
+const OWNER_CHARS: &[u8] = b"abcxyz0189.-_";
+const WORKSPACE_CHARS: &[u8] = b"abcXYZ019.-_~+";
+
+/// A record as the init writes it, as JSON: every required field with arbitrary (valid) values,
+/// the optional ones sometimes (built as JSON rather than as a `Record`, so that fields added
+/// later with defaults need no change here).
 fn record(u: &mut Unstructured<'_>) -> Result<Value> {
     let mut owner = json!({
-        "name": u.arbitrary::<String>()?,
+        "name": name(u, OWNER_CHARS, 63)?,
         "boot_id": u.arbitrary::<String>()?,
         "started_ms": u.arbitrary::<u64>()?,
         "pid": u.arbitrary::<i32>()?,
@@ -24,24 +40,38 @@ fn record(u: &mut Unstructured<'_>) -> Result<Value> {
     if let Some(uid) = u.arbitrary::<Option<String>>()? {
         owner["pod_uid"] = json!(uid);
     }
-    Ok(json!({
+    let mut rec = json!({
         "v": FORMAT,
         "owner": owner,
         "who": u.arbitrary::<String>()?,
         "run_id": u.arbitrary::<String>()?,
-        "workdir": u.arbitrary::<String>()?,
+        "workdir": format!("/{}", u.arbitrary::<String>()?),
         "subcommand": u.arbitrary::<String>()?,
         "argv": u.arbitrary::<Vec<String>>()?,
         "started_ms": u.arbitrary::<u64>()?,
         "in_progress": u.arbitrary::<Vec<String>>()?,
         "updated_ms": u.arbitrary::<u64>()?,
-    }))
+    });
+    if u.arbitrary()? {
+        rec["cwd"] = json!(format!("/{}", u.arbitrary::<String>()?));
+    }
+    if u.arbitrary()? {
+        rec["workspace"] = json!(name(u, WORKSPACE_CHARS, 90)?);
+    }
+    if u.arbitrary()? {
+        rec["ended"] = json!({"ms": u.arbitrary::<u64>()?, "how": u.arbitrary::<String>()?});
+    }
+    Ok(rec)
 }
 
 fuzz_target!(|data: &[u8]| {
     // Whatever is on disk.
     if let Ok(r) = parse_record(data) {
         assert_eq!(r.v, FORMAT, "accepted a record of another format version");
+        // Names that become file names and paths were checked.
+        assert!(valid_owner(&r.owner.name), "{:?}", r.owner.name);
+        assert!(r.workdir.starts_with('/'), "{:?}", r.workdir);
+        assert!(valid_workspace(&r.workspace), "{:?}", r.workspace);
         let pretty = serde_json::to_vec_pretty(&r).expect("a parsed record serializes");
         assert_eq!(parse_record(&pretty).as_ref(), Ok(&r), "pretty write/read changed it");
         let compact = serde_json::to_vec(&r).expect("a parsed record serializes");
@@ -64,6 +94,10 @@ fuzz_target!(|data: &[u8]| {
         if !torn.iter().all(u8::is_ascii_whitespace) {
             assert!(parse_record(torn).is_err(), "a torn record parsed: {:?}", String::from_utf8_lossy(torn));
         }
+        // An owner name that could leave the records directory is refused.
+        let mut evil = value.clone();
+        evil["owner"]["name"] = json!(format!("../{}", r.owner.name));
+        assert!(parse_record(&serde_json::to_vec(&evil).unwrap()).is_err());
         // Another format version is refused.
         let mut future = value;
         future["v"] = json!(FORMAT + 1);

@@ -140,15 +140,20 @@ pub struct Recovery {
 impl Recovery {
     /// Recovers every record whose run is over (in `only` when given). Corrupt records are set
     /// aside with a warning (not in a dry run). Returns each record's outcome; an error when the
-    /// state directory's recovery lock cannot be taken.
+    /// state directory's recovery lock cannot be taken (a dry run takes none).
     pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
-        let _lock = self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
-            format!(
-                "another lock recovery in {} did not finish within {}s, or its lock file is unusable: {e}",
-                self.store.dir().display(),
-                LOCK_WAIT.as_secs()
-            )
-        })?;
+        // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
+        let _lock = if self.dry_run {
+            None
+        } else {
+            Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
+                format!(
+                    "another lock recovery in {} did not finish within {}s, or its lock file is unusable: {e}",
+                    self.store.dir().display(),
+                    LOCK_WAIT.as_secs()
+                )
+            })?)
+        };
         let found = self.store.list();
         let records: Vec<(PathBuf, Record)> = found
             .iter()

@@ -7,7 +7,7 @@
 #   - exit time: the child's last instruction until the init has been reaped;
 #   - binary size, and whether it is static.
 #
-#   scripts/bench-pid1.sh [--write] [TRIALS]   # default 200 trials; needs root (PID namespaces)
+#   scripts/bench-pid1.sh [--write] [TRIALS]   # default 200 trials, 15 bursts (BENCH_REAP_TRIALS); root
 #
 # Each init runs as PID 1 of a new PID namespace, as in a container: a small C program
 # (pid1bench, written out and compiled below) clones it with CLONE_NEWPID, so the init is its
@@ -30,7 +30,7 @@ if [ "${1:-}" = --write ]; then
     shift
 fi
 TRIALS=${1:-200}
-REAP_TRIALS=${BENCH_REAP_TRIALS:-5}
+REAP_TRIALS=${BENCH_REAP_TRIALS:-15}
 ORPHANS=20000
 RSS_TRIALS=5
 

@@ -148,8 +148,6 @@ FAKE=$WORK/fake/terraform
 SHIM=$WORK/shim/terraform
 export PATH="$WORK/shim:$WORK/fake:$PATH" TFINIT_RUN_DIR="$WORK/run"
 
-LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
-
 # ----- the init -----
 TFINIT_STATE_DIR="$WORK/state" TFINIT_LOG=info \
     unshare --pid --fork --mount-proc --kill-child "$TFINIT_BIN" -- sleep infinity \
@@ -190,6 +188,7 @@ for _ in $(seq 400); do
 done
 
 # ----- latency -----
+LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 # lat NAME PATH ARGS...: RUNS timed runs into $WORK/NAME.txt (microseconds).
 lat() {
     local name=$1
@@ -234,7 +233,8 @@ section="$WORK/section.md"
 {
     echo "Measured $(date -u +%Y-%m-%d) with \`scripts/bench-shim.sh $RUNS\`: tfinit $("$TFINIT_BIN" --version | cut -d' ' -f2)"
     echo "(release build, $(bench_static "$TFINIT_BIN"), commit $(bench_commit)) on $(bench_machine);"
-    echo "load average $LOAD when it started (other work on the machine shows in the p90/p99 columns)."
+    echo "load average $LOAD (1, 5, 15 min) just before the latency runs: other work on the machine"
+    echo "shows in the p90/p99 columns."
     echo
     echo "Latency of one run, spawn to exit, $RUNS runs after $WARMUP warm-up runs (milliseconds):"
     echo

@@ -125,7 +125,7 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
         /// Give up waiting after this long (exit 1, listing the runs still going). Default: no limit.
-        #[arg(long, value_name = "DURATION")]
+        #[arg(long, value_name = "DURATION", requires = "wait")]
         timeout: Option<String>,
     },
     /// Leave draining: accept terraform runs again.

@@ -301,7 +301,7 @@ fn start_signals(
     let out = tmp.join("signals.out");
     let mut args: Vec<&OsStr> = vec![
         os("--"),
-        helper_os_static(),
+        helper_arg(),
         os("signals"),
         out.as_os_str(),
         os("--member"),
@@ -314,7 +314,8 @@ fn start_signals(
     (init, out, main, member)
 }
 
-fn helper_os_static() -> &'static OsStr {
+/// The helper binary's path, as an argument.
+fn helper_arg() -> &'static OsStr {
     use std::sync::OnceLock;
     static H: OnceLock<PathBuf> = OnceLock::new();
     H.get_or_init(helper).as_os_str()
@@ -340,22 +341,12 @@ fn alive(pid: i32) -> bool {
 fn burst_leaves_no_zombie(how: As) {
     let _one_at_a_time = BURST.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = TempDir::new("burst");
-    let mut args = vec![
-        "--",
-        "",
-        "orphans",
-        "20000",
-        "--check-adopter",
-        "--deadline-s",
-        "60",
-    ];
+    let mut argv = vec![os("--"), helper_arg()];
+    argv.extend(["orphans", "20000", "--check-adopter", "--deadline-s", "60"].map(os));
     if how == As::Subreaper {
         // On a shared host, count only the zombies tfinit would have to reap.
-        args.extend(["--scope", "parent"]);
+        argv.extend(["--scope", "parent"].map(os));
     }
-    let h = helper();
-    let mut argv: Vec<&OsStr> = args.iter().map(|a| os(a)).collect();
-    argv[1] = h.as_os_str();
     let done = start(how, &tmp, &[], &argv).wait(Duration::from_secs(120));
     assert_eq!(
         done.code(),
@@ -526,9 +517,25 @@ fn with_forward_child_only_the_main_child_gets_signals() {
                 "{how:?}: member got {name}: {l:?}"
             );
         }
+        // SIGTERM goes to the main child only; once it has exited, the member left in its group
+        // gets its SIGTERM as a leftover, at once (not at the kill step, 28 s later).
         init.signal(libc::SIGTERM);
         let done = init.wait(SOON);
         assert_eq!(done.code(), Some(0), "{}", done.stderr);
+        let l = lines(&out);
+        for role in ["main", "member"] {
+            assert!(l.contains(&format!("{role} SIGTERM")), "{how:?}: {l:?}");
+        }
+        assert!(
+            done.stderr.contains("controller's leftover processes"),
+            "{}",
+            done.stderr
+        );
+        assert!(
+            !done.stderr.contains("SIGKILL to everything left"),
+            "{}",
+            done.stderr
+        );
     }
 }
 
@@ -610,7 +617,7 @@ const NONE: &str = "0000000000000000";
 fn the_child_starts_with_no_blocked_and_no_ignored_signal() {
     for how in BOTH {
         let tmp = TempDir::new("mask");
-        let done = start(how, &tmp, &[], &[os("--"), helper_os_static(), os("mask")]).wait(SOON);
+        let done = start(how, &tmp, &[], &[os("--"), helper_arg(), os("mask")]).wait(SOON);
         assert_eq!(done.code(), Some(0), "{}", done.stderr);
         assert_eq!(mask_of(&done), (NONE.into(), NONE.into()), "{how:?}");
     }

@@ -309,6 +309,16 @@ impl Init {
         found
     }
 
+    /// The init's peak resident memory (VmHWM), in KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM of the init")
+    }
+
     /// Sends the init a signal.
     fn signal(&self, s: Signal) {
         kill(Pid::from_raw(self.pid), s).expect("signal the init");
@@ -1064,10 +1074,14 @@ fn fifty_megabytes_of_output_arrive_complete_and_identical() {
     }
     let (tmp, init, tf) = fake_setup("shim-50mb", &[]);
     const N: usize = 50 << 20;
+    let peak_before = init.peak_rss_kib();
     let mut cmd = tf.shim(&tmp.0, &["show", "-json"]);
     cmd.env("FAKE_TF_OUT_BYTES", N.to_string())
         .env("FAKE_TF_ECHO", "1");
     let s = run(cmd, None, LONG);
+    // The relay buffers about the high-water mark (1 MiB) per shim, not a stream's worth.
+    let grown = init.peak_rss_kib() - peak_before;
+    assert!(grown < 4096, "the init's peak RSS grew by {grown} KiB");
     let mut cmd = tf.direct(&tmp.0, &["show", "-json"]);
     cmd.env("FAKE_TF_OUT_BYTES", N.to_string())
         .env("FAKE_TF_ECHO", "1");

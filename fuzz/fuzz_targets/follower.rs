@@ -102,11 +102,13 @@ fuzz_target!(|data: &[u8]| {
         bytes.feed(1, chunk);
     }
     assert_eq!(whole.in_progress(), bytes.in_progress(), "split changed the result");
+    assert_eq!(whole.lock_trouble(), bytes.lock_trouble(), "split changed the lock trouble");
 
     // Generated progress: each stream carries its own resources (terraform prints a resource's
     // lines on one stream), so the final set does not depend on how the streams interleave.
     let mut u = Unstructured::new(data);
     let mut model: BTreeSet<String> = BTreeSet::new();
+    let mut trouble = false;
     let mut out: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     let n = u.int_in_range(0..=64).unwrap_or(0);
     for _ in 0..n {
@@ -130,6 +132,17 @@ fuzz_target!(|data: &[u8]| {
         match u.int_in_range(0..=9u8).unwrap_or(0) {
             0 => out[stream].extend_from_slice(b"\nPlan: 1 to add, 0 to change, 0 to destroy.\n"),
             1 => out[stream].extend_from_slice(b"Error: x: Creating... went wrong\n"),
+            // terraform exits by itself but may leave its lock: the follower must notice.
+            3 if u.ratio(1, 4).unwrap_or(false) => {
+                trouble = true;
+                let l: &[u8] = *u
+                    .choose(&[
+                        &b"\x1b[31m\xe2\x94\x82\x1b[0m \x1b[1m\x1b[31mError: \x1b[0m\x1b[0m\x1b[1mError releasing the state lock\x1b[0m\n"[..],
+                        &b"!!!!!!!!!!!!!!!!!!!!!!!!!!! TERRAFORM CRASH !!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"[..],
+                    ])
+                    .unwrap_or(&&b"Error releasing the state lock\n"[..]);
+                out[stream].extend_from_slice(l);
+            }
             2 => {
                 out[stream].resize(out[stream].len() + MAX_LINE + 1 + usize::from(u.arbitrary::<u8>().unwrap_or(0)), b'x');
                 out[stream].push(b'\n');
@@ -149,4 +162,5 @@ fuzz_target!(|data: &[u8]| {
         assert!(changed, "the set changed but take_changed never said so");
     }
     assert!(!f.take_changed(), "take_changed did not reset");
+    assert_eq!(f.lock_trouble().is_some(), trouble, "lock trouble: {:?}", f.lock_trouble());
 });

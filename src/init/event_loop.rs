@@ -946,14 +946,16 @@ impl Init {
         // children of a local-exec that a graceful stop orphaned (`sleep`). The latter can hold
         // terraform's output pipes open (panicwrap passes them down), so while stopping they go
         // at once: the init must exit when terraform is done, not after the pipes' linger.
-        let stopping = self.timeline.phase() == Phase::Stopping;
+        // Also after a graceful stop we asked for (the shim's signal, an abandoned run): the
+        // interrupted local-exec's children are debris that would hold the output pipes open.
+        let stopping = self.timeline.phase() == Phase::Stopping || run.stop_requested;
         if let Some(pid) = run.pid() {
             // Exit code 255: panicwrap's child was killed, its providers are orphans too.
             let killed = exit.signal().is_some() || exit == Exit::Code(PANICWRAP_CHILD_KILLED);
             if (killed || stopping) && sys::group_alive(pid) {
                 match sys::kill(Target::Group(pid), libc::SIGKILL) {
                     Ok(()) if stopping => tracing::info!(
-                        run = %run.id, pgid = pid.as_raw(), phase = Phase::Stopping.as_str(),
+                        run = %run.id, pgid = pid.as_raw(), phase = self.timeline.phase().as_str(),
                         seconds_left = self.timeline.seconds_left(Instant::now()),
                         "SIGKILL to what terraform left in its process group"
                     ),

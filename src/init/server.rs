@@ -72,7 +72,10 @@ impl Conn {
         if self.sent == self.out.len() {
             self.out.clear();
             self.sent = 0;
-        } else if self.sent > (4 << 20) {
+        } else if self.sent >= (64 << 10) && self.sent * 2 >= self.out.len() {
+            // Reclaim the written prefix once it is as large as what is left: under a steady
+            // stream the buffer never empties, and would otherwise grow far past the high-water
+            // mark. Each byte is moved at most once on average.
             self.out.drain(..self.sent);
             self.sent = 0;
         }

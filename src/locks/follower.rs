@@ -136,17 +136,20 @@ fn strip_ansi(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Longest resource address looked for at the start of a line.
+const MAX_ADDR: usize = 4096;
+
 /// `addr: Creating...`, `addr: Creation complete after 2s [id=1]`, and the update/destroy forms.
+/// An address can itself contain `: ` (a for_each key such as `["kind: ConfigMap"]`), so each
+/// `: ` in the first MAX_ADDR bytes is tried as the separator, the first that fits wins.
 fn parse_human(line: &str) -> Option<(String, Event)> {
-    let (addr, rest) = line.split_once(": ")?;
-    // `null_resource.a (deposed object 5e1d6a0c)`: a deposed object during a replacement.
-    let base = match addr.split_once(" (deposed object ") {
-        Some((b, key)) if key.ends_with(')') && !key.contains(' ') => b,
-        _ => addr,
-    };
-    if base.is_empty() || base.contains(' ') && !base.contains('"') || !looks_like_address(base) {
-        return None;
-    }
+    line.match_indices(": ")
+        .take_while(|(i, _)| *i <= MAX_ADDR)
+        .find_map(|(i, _)| parse_human_at(&line[..i], &line[i + 2..]))
+}
+
+fn parse_human_at(addr: &str, rest: &str) -> Option<(String, Event)> {
+    // The message first: it is the cheap check, and it rules out most separators.
     let ev = if rest.starts_with("Creating...")
         || rest.starts_with("Modifying...")
         || rest.starts_with("Destroying...")
@@ -160,6 +163,14 @@ fn parse_human(line: &str) -> Option<(String, Event)> {
     } else {
         return None;
     };
+    // `null_resource.a (deposed object 5e1d6a0c)`: a deposed object during a replacement.
+    let base = match addr.split_once(" (deposed object ") {
+        Some((b, key)) if key.ends_with(')') && !key.contains(' ') => b,
+        _ => addr,
+    };
+    if base.is_empty() || base.contains(' ') && !base.contains('"') || !looks_like_address(base) {
+        return None;
+    }
     Some((addr.to_string(), ev))
 }
 
@@ -223,6 +234,15 @@ mod tests {
         assert!(!f.take_changed());
         f.feed(0, b"null_resource.a: Creation complete after 2s [id=123]\nmodule.m.null_resource.c[\"x\"]: Destruction complete after 0s\n");
         assert_eq!(f.in_progress(), vec!["null_resource.b[0]"]);
+    }
+
+    #[test]
+    fn addresses_whose_key_contains_a_colon_and_space() {
+        let mut f = Follower::default();
+        f.feed(0, b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creating...\n");
+        assert_eq!(f.in_progress(), vec!["kubernetes_manifest.cm[\"kind: ConfigMap\"]"]);
+        f.feed(0, b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creation complete after 1s\n");
+        assert!(f.in_progress().is_empty());
     }
 
     #[test]

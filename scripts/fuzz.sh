@@ -65,6 +65,8 @@ if [ -z "${FUZZ_KEEP:-}" ]; then
     trap 'rm -rf "$SCRATCH"' EXIT
 fi
 
+# The targets are built once and run directly: every target of a run tests the same build.
+BIN=fuzz/target/x86_64-unknown-linux-gnu/release
 echo "fuzz: building the targets"
 if ! "${FUZZ[@]}" build "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
     tail -n 40 "$SCRATCH/build.log" >&2
@@ -76,8 +78,8 @@ if [ "$MODE" = merge ]; then
     KEEP=$FUZZ_KEEP
     for t in "${TARGETS[@]}"; do
         before=$(find "fuzz/corpus/$t" -type f | wc -l)
-        "${FUZZ[@]}" run "${BUILD_FLAGS[@]}" "$t" "fuzz/corpus/$t" "$KEEP/$t" -- -merge=1 \
-            "${LIBFUZZER_FLAGS[@]}" >"$KEEP/$t.merge.log" 2>&1
+        "$BIN/$t" -merge=1 "${LIBFUZZER_FLAGS[@]}" "fuzz/corpus/$t" "$KEEP/$t" \
+            >"$KEEP/$t.merge.log" 2>&1
         after=$(find "fuzz/corpus/$t" -type f | wc -l)
         echo "fuzz: $t: corpus $before -> $after inputs ($(du -sh "fuzz/corpus/$t" | cut -f1))"
     done
@@ -85,13 +87,14 @@ if [ "$MODE" = merge ]; then
 fi
 
 failed=0
+ROWS=""
 for t in "${TARGETS[@]}"; do
     mkdir -p "$SCRATCH/$t" "fuzz/artifacts/$t"
     log="$SCRATCH/$t.log"
     echo "fuzz: $t: running ${SECONDS_EACH}s"
     start=$(date +%s)
     set +e
-    "${FUZZ[@]}" run "${BUILD_FLAGS[@]}" "$t" "$SCRATCH/$t" "fuzz/corpus/$t" -- \
+    "$BIN/$t" "$SCRATCH/$t" "fuzz/corpus/$t" -artifact_prefix="fuzz/artifacts/$t/" \
         -max_total_time="$SECONDS_EACH" "${LIBFUZZER_FLAGS[@]}" >"$log" 2>&1
     rc=$?
     set -e
@@ -102,18 +105,36 @@ for t in "${TARGETS[@]}"; do
     bytes=${corpus#*/}
     if [ "$rc" = 0 ]; then
         echo "fuzz: $t: ${took} s, ${execs:-?} execs, corpus ${inputs:-?} inputs (${bytes:-?}), crashes 0"
+        ROWS+="| $t | ${took} s | ${execs:-?} | $((${execs:-0} / (took > 0 ? took : 1))) | ${inputs:-?} inputs, ${bytes:-?} | 0 |"$'\n'
     else
         failed=1
-        artifact=$(grep -o 'fuzz/artifacts/[^ ]*' "$log" | tail -n1 || true)
+        artifact=$(grep -o "fuzz/artifacts/$t/[^ ]*" "$log" | tail -n1 || true)
         echo "fuzz: $t: FAILED after ${took} s (exit $rc), ${execs:-?} execs" >&2
         grep -E 'panicked|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY' "$log" | head -n 5 >&2 || true
         tail -n 30 "$log" >&2
         if [ -n "$artifact" ]; then
-            echo "fuzz: $t: input saved as $artifact; replay: cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact" >&2
+            echo "fuzz: $t: input saved as $artifact; replay: $BIN/$t $artifact (or cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact)" >&2
         fi
     fi
 done
 if [ -n "${FUZZ_KEEP:-}" ]; then
     echo "fuzz: corpora and logs kept in $SCRATCH (scripts/fuzz.sh merge adds what is new to fuzz/corpus)"
+fi
+
+# A long run of every target without a finding rewrites the figures in docs/reliability.md.
+if [ "$MODE" = long ] && [ "$failed" = 0 ] && [ "${#TARGETS[@]}" = 4 ]; then
+    BLOCK="Last \`scripts/fuzz.sh long\` ($(date -u +%Y-%m-%d), $(cargo +nightly fuzz --version), \
+$(rustc +nightly --version | cut -d' ' -f1-2), libFuzzer + AddressSanitizer, release with debug
+assertions, one target at a time on a 2-core machine shared with other builds):
+
+| target | duration | executions | per second | corpus at the end | crashes and hangs |
+| --- | --- | --- | --- | --- | --- |
+${ROWS%$'\n'}"
+    BLOCK="$BLOCK" awk '
+        /<!-- fuzz:start -->/ { print; print ENVIRON["BLOCK"]; skip = 1; next }
+        /<!-- fuzz:end -->/ { skip = 0 }
+        !skip' docs/reliability.md >docs/reliability.md.tmp
+    mv docs/reliability.md.tmp docs/reliability.md
+    echo "fuzz: figures written to docs/reliability.md"
 fi
 exit $failed

@@ -68,6 +68,7 @@ struct Init {
 }
 
 /// How to start it.
+#[derive(Default)]
 struct Setup<'a> {
     /// Shell commands run inside the namespace (as root, in its own mount namespace) before
     /// tfinit is exec'd: mounts.
@@ -78,17 +79,6 @@ struct Setup<'a> {
     state_dir: Option<&'a Path>,
     /// TFINIT_RUN_DIR (default: a fresh path).
     run_dir: Option<&'a Path>,
-}
-
-impl Default for Setup<'_> {
-    fn default() -> Self {
-        Setup {
-            before: "",
-            controller_first: "",
-            state_dir: None,
-            run_dir: None,
-        }
-    }
 }
 
 fn children_of(pid: i32) -> Vec<i32> {

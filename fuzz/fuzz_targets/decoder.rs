@@ -71,7 +71,10 @@ fuzz_target!(|data: &[u8]| {
     // Split where the input says.
     let (split, split_err, split_pending) = decode_split(wire, &cuts);
     assert_eq!(whole, split, "frames differ when the input is split");
-    assert_eq!(whole_err, split_err, "errors differ when the input is split");
+    assert_eq!(
+        whole_err, split_err,
+        "errors differ when the input is split"
+    );
     // One byte at a time (the worst case for a reader), for inputs of a sane size.
     if wire.len() <= 4096 {
         let (bytes, bytes_err, _) = decode_split(wire, &[1]);
@@ -84,7 +87,11 @@ fuzz_target!(|data: &[u8]| {
     for f in &whole {
         protocol::encode(f.kind, &f.payload, &mut again);
     }
-    assert_eq!(&wire[..again.len()], &again[..], "frames are not the input's prefix");
+    assert_eq!(
+        &wire[..again.len()],
+        &again[..],
+        "frames are not the input's prefix"
+    );
     let left = &wire[again.len()..];
     match whole_err {
         // The error is about the next frame's header, and names what is wrong with it.
@@ -92,16 +99,23 @@ fuzz_target!(|data: &[u8]| {
         Some(DecodeError::TooLarge(n)) => {
             assert!(n > MAX_PAYLOAD);
             assert!(left.len() >= HEADER);
-            assert_eq!(n, u32::from_be_bytes([left[1], left[2], left[3], left[4]]) as usize);
+            assert_eq!(
+                n,
+                u32::from_be_bytes([left[1], left[2], left[3], left[4]]) as usize
+            );
         }
         None => {
             // Nothing decodable is left behind: what remains is an incomplete frame.
             assert_eq!(whole_pending, left.len());
             assert_eq!(split_pending, left.len());
             if left.len() >= HEADER {
-                let (_, len) = protocol::parse_header([left[0], left[1], left[2], left[3], left[4]])
-                    .expect("a valid header was left undecoded");
-                assert!(left.len() < HEADER + len, "a whole frame was left undecoded");
+                let (_, len) =
+                    protocol::parse_header([left[0], left[1], left[2], left[3], left[4]])
+                        .expect("a valid header was left undecoded");
+                assert!(
+                    left.len() < HEADER + len,
+                    "a whole frame was left undecoded"
+                );
             }
         }
     }

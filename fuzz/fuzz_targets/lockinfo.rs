@@ -19,7 +19,8 @@ const GCS_NO_LOCK_ID: &str = "-9223372036854775808";
 
 /// Characters of generated field values: printable, some multi-byte, a colon, a bar, spaces.
 const ALPHABET: &[char] = &[
-    'a', 'z', 'A', 'Z', '0', '9', '-', '_', '.', '/', '@', ':', ' ', '=', '"', '│', 'é', '日', '[', ']',
+    'a', 'z', 'A', 'Z', '0', '9', '-', '_', '.', '/', '@', ':', ' ', '=', '"', '│', 'é', '日', '[',
+    ']',
 ];
 
 /// A field value as terraform prints it: no line break, no escape, no whitespace at either end.
@@ -56,7 +57,11 @@ fn go_time(u: &mut Unstructured<'_>) -> Result<(String, Option<u64>)> {
     while frac.ends_with('0') {
         frac.pop();
     }
-    let frac = if frac.is_empty() { String::new() } else { format!(".{frac}") };
+    let frac = if frac.is_empty() {
+        String::new()
+    } else {
+        format!(".{frac}")
+    };
     let sign = if off_min < 0 { '-' } else { '+' };
     let mut text = format!(
         "{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}{frac} {sign}{:02}{:02}",
@@ -74,7 +79,10 @@ fn go_time(u: &mut Unstructured<'_>) -> Result<(String, Option<u64>)> {
 }
 
 fn go_time_fixed() -> Result<(String, Option<u64>)> {
-    Ok(("2026-11-21 23:56:11.330240859 +0000 UTC".into(), Some(1_795_305_371_330)))
+    Ok((
+        "2026-11-21 23:56:11.330240859 +0000 UTC".into(),
+        Some(1_795_305_371_330),
+    ))
 }
 
 /// A Lock Info block as terraform prints it (plain, colored, or in the new UI's error box).
@@ -95,7 +103,11 @@ fn block(u: &mut Unstructured<'_>) -> Result<(String, LockInfo)> {
         info: value(u, 24)?,
     };
     let bar = if u.ratio(1, 3)? { "│ " } else { "" };
-    let (on, off) = if u.ratio(1, 3)? { ("\x1b[31m", "\x1b[0m\x1b[0m") } else { ("", "") };
+    let (on, off) = if u.ratio(1, 3)? {
+        ("\x1b[31m", "\x1b[0m\x1b[0m")
+    } else {
+        ("", "")
+    };
     let pad = |k: &str| format!("{bar}  {k}:{}", " ".repeat(11 - k.len()));
     let text = format!(
         "{on}{bar}Failed to unlock state: lock id \"00000000-0000-0000-0000-000000000000\" does not match existing lock\n\
@@ -123,10 +135,14 @@ fuzz_target!(|data: &[u8]| {
             // (but for gcs's dummy block of a missing lock, which means free).
             Probe::Held(i) => {
                 assert_eq!(Some(&i), parsed.as_ref());
-                assert!(!(backend == "gcs" && i.id == GCS_NO_LOCK_ID), "gcs's dummy taken as held");
+                assert!(
+                    !(backend == "gcs" && i.id == GCS_NO_LOCK_ID),
+                    "gcs's dummy taken as held"
+                );
             }
             Probe::Free => assert!(
-                parsed.is_none() || (backend == "gcs" && parsed.as_ref().unwrap().id == GCS_NO_LOCK_ID),
+                parsed.is_none()
+                    || (backend == "gcs" && parsed.as_ref().unwrap().id == GCS_NO_LOCK_ID),
                 "free although a lock block parsed: {parsed:?}"
             ),
             Probe::Unknown(first) => {
@@ -151,7 +167,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(parse_lock_info(&out).as_ref(), Some(&want), "block:\n{out}");
         assert_eq!(parse_probe("s3", false, &out), Probe::Held(want.clone()));
         // The same block after other output that mentions no lock.
-        let noisy = format!("Acquiring state lock. This may take a few moments...\nError: x: y\n{out}");
+        let noisy =
+            format!("Acquiring state lock. This may take a few moments...\nError: x: y\n{out}");
         assert_eq!(parse_lock_info(&noisy), Some(want));
     }
 });

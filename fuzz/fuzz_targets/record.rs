@@ -19,7 +19,11 @@ fn name(u: &mut Unstructured<'_>, chars: &[u8], max: usize) -> Result<String> {
     let mut s = String::new();
     for i in 0..n {
         let c = *u.choose(chars)? as char;
-        s.push(if i == 0 && (c == '.' || c == '-') { 'x' } else { c });
+        s.push(if i == 0 && (c == '.' || c == '-') {
+            'x'
+        } else {
+            c
+        });
     }
     Ok(s)
 }
@@ -73,9 +77,17 @@ fuzz_target!(|data: &[u8]| {
         assert!(r.workdir.starts_with('/'), "{:?}", r.workdir);
         assert!(valid_workspace(&r.workspace), "{:?}", r.workspace);
         let pretty = serde_json::to_vec_pretty(&r).expect("a parsed record serializes");
-        assert_eq!(parse_record(&pretty).as_ref(), Ok(&r), "pretty write/read changed it");
+        assert_eq!(
+            parse_record(&pretty).as_ref(),
+            Ok(&r),
+            "pretty write/read changed it"
+        );
         let compact = serde_json::to_vec(&r).expect("a parsed record serializes");
-        assert_eq!(parse_record(&compact).as_ref(), Ok(&r), "compact write/read changed it");
+        assert_eq!(
+            parse_record(&compact).as_ref(),
+            Ok(&r),
+            "compact write/read changed it"
+        );
     }
     // What the init writes (pretty JSON and a newline, as Store::create does).
     let mut u = Unstructured::new(data);
@@ -83,16 +95,27 @@ fuzz_target!(|data: &[u8]| {
         let r = parse_record(&serde_json::to_vec(&value).unwrap())
             .unwrap_or_else(|e| panic!("a record with every field did not parse: {e}: {value}"));
         assert_eq!(r.owner.name, value["owner"]["name"].as_str().unwrap());
-        assert_eq!(r.in_progress.len(), value["in_progress"].as_array().unwrap().len());
+        assert_eq!(
+            r.in_progress.len(),
+            value["in_progress"].as_array().unwrap().len()
+        );
         let mut bytes = serde_json::to_vec_pretty(&r).expect("a record serializes");
         bytes.push(b'\n');
-        assert_eq!(parse_record(&bytes), Ok(r.clone()), "a written record did not read back");
+        assert_eq!(
+            parse_record(&bytes),
+            Ok(r.clone()),
+            "a written record did not read back"
+        );
         // A torn write (any strict prefix of the JSON) is never taken for a record.
         let json_len = bytes.len() - 1;
         let cut = usize::from(u.arbitrary::<u16>().unwrap_or(0)) % json_len;
         let torn = &bytes[..cut];
         if !torn.iter().all(u8::is_ascii_whitespace) {
-            assert!(parse_record(torn).is_err(), "a torn record parsed: {:?}", String::from_utf8_lossy(torn));
+            assert!(
+                parse_record(torn).is_err(),
+                "a torn record parsed: {:?}",
+                String::from_utf8_lossy(torn)
+            );
         }
         // An owner name that could leave the records directory is refused.
         let mut evil = value.clone();

@@ -172,8 +172,21 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
             ));
         };
         match kind {
-            Kind::Stdout => write_out(&mut stdout.lock(), &payload)?,
-            Kind::Stderr => write_out(&mut stderr.lock(), &payload)?,
+            Kind::Stdout | Kind::Stderr => {
+                let written = match kind {
+                    Kind::Stdout => write_out(&mut stdout.lock(), &payload),
+                    _ => write_out(&mut stderr.lock(), &payload),
+                };
+                if let Err(e) = written {
+                    if e.kind() == io::ErrorKind::BrokenPipe {
+                        // Our caller stopped reading: exit as a direct terraform would (128 +
+                        // SIGPIPE). Closing the socket abandons the run, which the init stops.
+                        let _ = writeln!(stderr.lock(), "tfinit: the caller closed terraform's output; terraform is left to the init, which stops it");
+                        return Ok(128 + libc::SIGPIPE);
+                    }
+                    return Err(e);
+                }
+            }
             Kind::Exit => {
                 let note: ExitNote = serde_json::from_slice(&payload).map_err(io::Error::other)?;
                 if let Some(e) = &note.error {

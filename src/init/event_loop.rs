@@ -84,9 +84,6 @@ pub struct Init {
     next_run: u64,
     locks: Locks,
     scratch: Vec<u8>,
-    /// Process groups of finished abandoned runs that still had members (a local-exec command
-    /// orphaned by terraform's graceful stop), and when they get their SIGKILL.
-    leftover_groups: Vec<(Pid, Instant, String)>,
 }
 
 /// Waits for the controller without an event loop (only if epoll itself cannot be created).
@@ -141,7 +138,6 @@ impl Init {
             next_run: 1,
             locks,
             scratch: vec![0u8; protocol::MAX_DATA],
-            leftover_groups: Vec::new(),
         })
     }
 
@@ -205,9 +201,6 @@ impl Init {
             if let Some(h) = &r.record {
                 consider(h.dirty.then_some(h.written + RECORD_INTERVAL));
             }
-        }
-        for (_, at, _) in &self.leftover_groups {
-            consider(Some(*at));
         }
         match next {
             None => EpollTimeout::NONE,
@@ -491,7 +484,6 @@ impl Init {
             self.transition(t);
         }
         self.locks.tick(now);
-        self.kill_leftover_groups(now);
         let ids: Vec<u64> = self.runs.keys().copied().collect();
         for id in ids {
             let Some(run) = self.runs.get_mut(&id) else {
@@ -516,37 +508,6 @@ impl Init {
                             h.dirty = false;
                         }
                     }
-                }
-            }
-        }
-    }
-
-    /// SIGKILLs the leftover groups of abandoned runs whose time has come.
-    fn kill_leftover_groups(&mut self, now: Instant) {
-        if self.leftover_groups.is_empty() {
-            return;
-        }
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leftover_groups)
-            .into_iter()
-            .partition(|(_, at, _)| now >= *at);
-        self.leftover_groups = later;
-        for (pgid, _, run) in due {
-            // The group is gone and its number taken by a process group we know: leave it.
-            let reused = pgid == self.main.pid
-                || self.pids.contains_key(&pgid)
-                || self.runs.values().any(|r| r.pid() == Some(pgid));
-            if reused || !sys::group_alive(pgid) {
-                continue;
-            }
-            match sys::kill(Target::Group(pgid), libc::SIGKILL) {
-                Ok(()) => tracing::info!(
-                    run = %run, pgid = pgid.as_raw(),
-                    reason = "abandoned run did not stop within TFINIT_STOP_TIMEOUT",
-                    "SIGKILL to what is left of terraform's process group (terraform itself exited)"
-                ),
-                Err(Errno::ESRCH) => {}
-                Err(e) => {
-                    tracing::warn!(run = %run, pgid = pgid.as_raw(), error = %e, "SIGKILL to a leftover process group failed")
                 }
             }
         }
@@ -744,6 +705,13 @@ impl Init {
         let RunState::Recovering { request, stdin, .. } = state else {
             return;
         };
+        if run.conn.is_none() {
+            // The shim gave up while the lock was checked: nobody waits for this run, and
+            // starting it now would only leave a run to stop.
+            tracing::info!(run = %run.id, "the shim is gone; terraform is not started");
+            self.runs.remove(&id);
+            return;
+        }
         if run.killed || !self.timeline.accepts_runs() {
             let conn = run.conn;
             self.runs.remove(&id);
@@ -982,13 +950,6 @@ impl Init {
         let Some(mut run) = self.runs.remove(&id) else {
             return;
         };
-        // An abandoned run's group can outlive terraform (a local-exec command that its graceful
-        // stop orphaned): it still gets its SIGKILL at the run's kill time.
-        if let (Some(at), Some(pgid)) = (run.kill_at, run.pid()) {
-            if !run.killed && pgid.as_raw() > 0 && sys::group_alive(pgid) {
-                self.leftover_groups.push((pgid, at, run.id.clone()));
-            }
-        }
         if let Some(mut h) = run.record.take() {
             let trouble = run.follower.as_ref().and_then(Follower::lock_trouble);
             match (exit, trouble) {

@@ -239,9 +239,18 @@ mod tests {
     #[test]
     fn addresses_whose_key_contains_a_colon_and_space() {
         let mut f = Follower::default();
-        f.feed(0, b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creating...\n");
-        assert_eq!(f.in_progress(), vec!["kubernetes_manifest.cm[\"kind: ConfigMap\"]"]);
-        f.feed(0, b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creation complete after 1s\n");
+        f.feed(
+            0,
+            b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creating...\n",
+        );
+        assert_eq!(
+            f.in_progress(),
+            vec!["kubernetes_manifest.cm[\"kind: ConfigMap\"]"]
+        );
+        f.feed(
+            0,
+            b"kubernetes_manifest.cm[\"kind: ConfigMap\"]: Creation complete after 1s\n",
+        );
         assert!(f.in_progress().is_empty());
     }
 

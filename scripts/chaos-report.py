@@ -21,7 +21,7 @@ def main():
         ("next pod reconciled within TTL + retry + apply", "reconciled_in_bound"),
         ("stuck locks (left after the next pod's attempts)", "stuck_locks"),
         ("orphans (created outside the state)", "orphans"),
-        ("orphans named in the recovery log", "orphans_flagged"),
+        ("orphans named by the init (orphan_candidates in its log)", "orphans_flagged"),
         ("lost (in the state, not in the world)", "lost"),
         ("init crashes", "init_crashes"),
         ("rounds with zombies left", "zombies"),

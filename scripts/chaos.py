@@ -41,7 +41,7 @@ import boto3
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPS = os.environ.get("TFINIT_TEST_DEPS", os.path.join(REPO, ".test-deps"))
-BIN = os.path.join(REPO, "target", "x86_64-unknown-linux-gnu", "release")
+BIN = os.environ.get("TFINIT_BIN_DIR", os.path.join(REPO, "target", "x86_64-unknown-linux-gnu", "release"))
 TFINIT = os.path.join(BIN, "tfinit")
 HELPER = os.path.join(BIN, "tfinit-test-helper")
 TERRAFORM = os.path.join(DEPS, "bin", "terraform")
@@ -317,7 +317,7 @@ def run(args):
         # tfinit names orphan candidates by address (it cannot know the ids): count the distinct
         # addresses its recovery warning listed, at most one per orphan.
         named = set(re.findall(r'null_resource\.r\[\d+\]', " ".join(
-            l for l in b.text().splitlines() if "orphan_candidates" in l)))
+            l for l in (a.text() + b.text()).splitlines() if "orphan_candidates" in l)))
         flagged = min(len(orphans), len(named))
         totals["orphans"] += len(orphans)
         totals["orphans_flagged"] += flagged

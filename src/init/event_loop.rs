@@ -950,6 +950,21 @@ impl Init {
         let Some(mut run) = self.runs.remove(&id) else {
             return;
         };
+        // Creates, updates or destroys that started and never completed: their resources may exist
+        // outside the state. terraform exited by itself (a graceful stop, an error), so no lock
+        // recovery will name them later: name them now.
+        let unfinished = run
+            .follower
+            .as_ref()
+            .map(Follower::in_progress)
+            .unwrap_or_default();
+        if !unfinished.is_empty() && matches!(exit, Exit::Code(_)) {
+            tracing::warn!(
+                run = %run.id, exit_code = exit.code(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
+                orphan_candidates = ?unfinished,
+                "terraform exited with operations unfinished: resources that may exist outside the state: check them and import or delete"
+            );
+        }
         if let Some(mut h) = run.record.take() {
             let trouble = run.follower.as_ref().and_then(Follower::lock_trouble);
             match (exit, trouble) {

@@ -150,7 +150,9 @@ impl Init {
             if let Some(code) = self.finished() {
                 self.flush_all_best_effort();
                 tracing::info!(exit_code = code, "tfinit exiting");
-                return code;
+                // Straight out: the kernel closes our descriptors and frees our memory faster
+                // than destructors would, and a container's exit waits on us.
+                std::process::exit(code);
             }
             let timeout = self.timeout();
             let n = match self.epoll.wait(&mut events, timeout) {
@@ -269,7 +271,13 @@ impl Init {
             self.main.group_stopped = true;
         }
         let (phase, left) = self.when();
-        match sys::kill(target, to) {
+        let sent = sys::kill(target, to);
+        if sent.is_ok() {
+            // Let the woken controller run before we spend our time slice on logs and the
+            // timeline: on a busy node it often shares our CPU (forwarding latency, benchmarks).
+            std::thread::yield_now();
+        }
+        match sent {
             // A stop signal sent on is a shutdown step: logged at info like the others.
             Ok(()) if matches!(signals::classify(signo), Incoming::Shutdown(_)) => {
                 tracing::info!(signal = %signals::name(to), %target, phase, seconds_left = left, "signal forwarded")
@@ -328,6 +336,13 @@ impl Init {
                     Cause::Signal => "stop signal",
                     Cause::MainExited => "controller exited",
                 };
+                if cause == Cause::MainExited
+                    && self.runs.is_empty()
+                    && !sys::group_alive(self.main.pid)
+                {
+                    // Nothing is left to stop: the init exits right away (its exit is logged).
+                    return;
+                }
                 tracing::info!(
                     phase = Phase::Stopping.as_str(),
                     cause = why,

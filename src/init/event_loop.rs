@@ -977,7 +977,7 @@ impl Init {
             tracing::warn!(
                 run = %run.id, exit_code = exit.code(), cwd = %run.cwd.display(), subcommand = %run.invocation.subcommand,
                 orphan_candidates = ?unfinished,
-                "terraform exited with operations unfinished: resources that may exist outside the state: check them and import or delete"
+                "operations unfinished when terraform exited: resources that may exist outside the state: check them and import or delete"
             );
         }
         if let Some(mut h) = run.record.take() {

@@ -181,23 +181,25 @@ pub fn parse_go_time(s: &str) -> Option<u64> {
     let date = parts.next()?;
     let time = parts.next()?;
     let offset = parts.next().unwrap_or("+0000");
+    // Fields are plain ASCII digits of bounded length: no sign, no overflow, no slicing inside
+    // a multi-byte character (all found by fuzz/fuzz_targets/lockinfo.rs).
     let mut d = date.split('-');
-    let (y, mo, da): (i64, i64, i64) = (
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
+    let (y, mo, da) = (
+        digits(d.next()?, 4)?,
+        digits(d.next()?, 2)?,
+        digits(d.next()?, 2)?,
     );
     if d.next().is_some() || !(1..=12).contains(&mo) || !(1..=31).contains(&da) {
         return None;
     }
     let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
     let mut t = hms.split(':');
-    let (h, mi, se): (i64, i64, i64) = (
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
+    let (h, mi, se) = (
+        digits(t.next()?, 2)?,
+        digits(t.next()?, 2)?,
+        digits(t.next()?, 2)?,
     );
-    if h > 23 || mi > 59 || se > 60 {
+    if t.next().is_some() || h > 23 || mi > 59 || se > 60 {
         return None;
     }
     let frac_digits: String = frac
@@ -206,20 +208,27 @@ pub fn parse_go_time(s: &str) -> Option<u64> {
         .take(3)
         .collect();
     let ms_frac: i64 = format!("{frac_digits:0<3}").parse().ok()?;
-    let sign = match offset.as_bytes().first()? {
-        b'+' => 1,
-        b'-' => -1,
+    let (sign, off) = match offset.split_at_checked(1)? {
+        ("+", off) => (1, off),
+        ("-", off) => (-1, off),
         _ => return None,
     };
-    let off = &offset[1..];
     if off.len() != 4 {
         return None;
     }
-    let off_min: i64 = off[..2].parse::<i64>().ok()? * 60 + off[2..].parse::<i64>().ok()?;
+    let off_min = digits(off.get(..2)?, 2)? * 60 + digits(off.get(2..)?, 2)?;
     let days = days_from_civil(y, mo, da);
     let secs = days * 86400 + h * 3600 + mi * 60 + se - sign * off_min * 60;
     let ms = secs.checked_mul(1000)?.checked_add(ms_frac)?;
     u64::try_from(ms).ok()
+}
+
+/// `s` as a number when it is 1 to `max` ASCII digits.
+fn digits(s: &str, max: usize) -> Option<i64> {
+    if s.is_empty() || s.len() > max || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -403,6 +412,20 @@ mod tests {
             Some(1_795_305_828_431)
         );
         assert_eq!(parse_go_time("garbage"), None);
+        // Found by fuzzing: a multi-byte character in the offset, a huge year, signs.
+        assert_eq!(parse_go_time("0999-12-31 23:59:00 +0\u{fffd}"), None);
+        assert_eq!(parse_go_time("2024-01-01 00:00:00 +1\u{e9}1 UTC"), None);
+        assert_eq!(
+            parse_go_time("9223372036854775807-01-01 00:00:00 +0000 UTC"),
+            None
+        );
+        assert_eq!(parse_go_time("2024-01-01 -1:00:00 +0000 UTC"), None);
+        assert_eq!(parse_go_time("2024-+1-01 00:00:00 +0000 UTC"), None);
+        assert_eq!(
+            parse_go_time("0001-01-01 00:00:00 +0000 UTC"),
+            None,
+            "before 1970"
+        );
         assert_eq!(parse_go_time("2024-13-01 00:00:00 +0000 UTC"), None);
     }
 

@@ -178,6 +178,16 @@ fi
 "$DEPS/bin/python" -c 'import moto, boto3, yaml' 2>/dev/null || die "venv python cannot import moto/boto3/yaml"
 ok "linked"
 
+# ---- 6. cargo-fuzz (scripts/fuzz.sh) ----------------------------------------
+step "cargo-fuzz"
+if cargo fuzz --version >/dev/null 2>&1; then
+    ok "present ($(cargo fuzz --version 2>/dev/null))"
+else
+    # Built from crates.io (a few minutes, once per machine).
+    run_logged cargo install cargo-fuzz --locked --quiet || die "cargo install cargo-fuzz failed"
+    ok "installed ($(cargo fuzz --version 2>/dev/null))"
+fi
+
 # ---- summary ---------------------------------------------------------------
 STEP="summary"
 cat <<EOF

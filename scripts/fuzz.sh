@@ -5,8 +5,8 @@
 #                                      FUZZ_SECONDS each, default 30
 #   scripts/fuzz.sh long               10 minutes per target (FUZZ_SECONDS=600), one after the other
 #   scripts/fuzz.sh [short|long] T...  only targets T (decoder record lockinfo follower)
-#   scripts/fuzz.sh merge [T...]       after a run with FUZZ_KEEP=DIR: add to fuzz/corpus/T only the
-#                                      inputs of DIR/T that reach code the kept corpus does not
+#   scripts/fuzz.sh merge [T...]       after a run with FUZZ_KEEP=DIR: add to fuzz/corpus/T a small set
+#                                      of the inputs of DIR/T that reach what the kept corpus does not
 #
 # Targets (fuzz/fuzz_targets/, each states the properties it asserts): decoder (socket frames),
 # record (lock-owner record files), lockinfo (terraform's Lock Info and Go times), follower
@@ -50,19 +50,19 @@ missing() {
     exit 0
 }
 # The sanitizer flags need a nightly compiler; without the nightly toolchain, the default one
-# accepts them with RUSTC_BOOTSTRAP=1 (the same compiler features, unstable on stable).
+# (stable) accepts them with RUSTC_BOOTSTRAP=1.
 if rustup run nightly rustc --version >/dev/null 2>&1; then
-    TOOLCHAIN=+nightly
+    TOOLCHAIN=(+nightly)
 else
-    TOOLCHAIN=+stable
+    TOOLCHAIN=()
     export RUSTC_BOOTSTRAP=1
-    echo "fuzz: no nightly toolchain; using the stable one with RUSTC_BOOTSTRAP=1"
+    echo "fuzz: no nightly toolchain; using the default one with RUSTC_BOOTSTRAP=1"
 fi
-cargo "$TOOLCHAIN" fuzz --version >/dev/null 2>&1 ||
+cargo "${TOOLCHAIN[@]}" fuzz --version >/dev/null 2>&1 ||
     missing "cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
 
 # Release with debug assertions and overflow checks: an overflow is a finding, not a wrap.
-FUZZ=(cargo "$TOOLCHAIN" fuzz)
+FUZZ=(cargo "${TOOLCHAIN[@]}" fuzz)
 BUILD_FLAGS=(-O --debug-assertions)
 # Inputs up to 8 KiB (the largest seed is 4 KiB); 10 s for one input is a hang.
 LIBFUZZER_FLAGS=(-max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
@@ -86,7 +86,7 @@ if [ "$MODE" = merge ]; then
     KEEP=$FUZZ_KEEP
     for t in "${TARGETS[@]}"; do
         before=$(find "fuzz/corpus/$t" -type f | wc -l)
-        "$BIN/$t" -merge=1 "${LIBFUZZER_FLAGS[@]}" "fuzz/corpus/$t" "$KEEP/$t" \
+        "$BIN/$t" -set_cover_merge=1 "${LIBFUZZER_FLAGS[@]}" "fuzz/corpus/$t" "$KEEP/$t" \
             >"$KEEP/$t.merge.log" 2>&1
         after=$(find "fuzz/corpus/$t" -type f | wc -l)
         echo "fuzz: $t: corpus $before -> $after inputs ($(du -sh "fuzz/corpus/$t" | cut -f1))"
@@ -142,8 +142,8 @@ if [ "$MODE" = long ] && [ "$failed" = 0 ]; then
     ROWS=$(printf '%s' "$ROWS" | grep -v '^$' |
         awk -F' [|] ' '{ o = index("decoder record lockinfo follower", substr($1, 3)); print o "\t" $0 }' |
         sort -n | cut -f2-)
-    BLOCK="\`scripts/fuzz.sh long\` (last run $(date -u +%Y-%m-%d), $(cargo "$TOOLCHAIN" fuzz --version), \
-$(rustc "$TOOLCHAIN" --version | cut -d' ' -f1-2), libFuzzer + AddressSanitizer, release with debug
+    BLOCK="\`scripts/fuzz.sh long\` (last run $(date -u +%Y-%m-%d), $(cargo "${TOOLCHAIN[@]}" fuzz --version), \
+$(rustc "${TOOLCHAIN[@]}" --version | cut -d' ' -f1-2), libFuzzer + AddressSanitizer, release with debug
 assertions, one target at a time on a 2-core machine shared with other builds):
 
 | target | duration | executions | per second | corpus at the end | crashes and hangs |

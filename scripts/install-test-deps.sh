@@ -184,7 +184,7 @@ if cargo fuzz --version >/dev/null 2>&1; then
     ok "present ($(cargo fuzz --version 2>/dev/null))"
 else
     # Built from crates.io (a few minutes, once per machine).
-    run_logged cargo install cargo-fuzz --locked --quiet || die "cargo install cargo-fuzz failed"
+    run_logged cargo install cargo-fuzz --version 0.13.2 --locked --quiet || die "cargo install cargo-fuzz failed"
     ok "installed ($(cargo fuzz --version 2>/dev/null))"
 fi
 

@@ -8,6 +8,7 @@
 //! (The TFINIT_* variables with garbage values are tests/config_errors.rs.)
 
 mod common;
+use common::TFINIT_VARS;
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
@@ -34,25 +35,6 @@ static HEAVY: Mutex<()> = Mutex::new(());
 fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
-
-/// Every variable tfinit reads, removed so the caller's environment cannot change a test.
-const TFINIT_VARS: [&str; 15] = [
-    "TFINIT_FORWARD",
-    "TFINIT_REWRITE",
-    "TFINIT_GRACE_PERIOD",
-    "TFINIT_STOP_TIMEOUT",
-    "TFINIT_KILL_MARGIN",
-    "TFINIT_LOG",
-    "TFINIT_LOG_FORMAT",
-    "TFINIT_RUN_DIR",
-    "TFINIT_STATE_DIR",
-    "TFINIT_OWNER",
-    "TFINIT_OWNER_TTL",
-    "TFINIT_FORCE_UNLOCK",
-    "TFINIT_TERRAFORM",
-    "TFINIT_POD_UID",
-    "POD_UID",
-];
 
 /// A tfinit running as PID 1, its controller a `helper signals` that exits on SIGTERM.
 struct Init {

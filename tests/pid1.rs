@@ -4,6 +4,7 @@
 //! exit-code relay, stragglers at exit, and the logs.
 
 mod common;
+use common::TFINIT_VARS;
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -31,25 +32,6 @@ enum As {
 }
 
 const BOTH: [As; 2] = [As::Pid1, As::Subreaper];
-
-/// Every variable tfinit reads, removed so the caller's environment cannot change a test.
-const TFINIT_VARS: [&str; 15] = [
-    "TFINIT_FORWARD",
-    "TFINIT_REWRITE",
-    "TFINIT_GRACE_PERIOD",
-    "TFINIT_STOP_TIMEOUT",
-    "TFINIT_KILL_MARGIN",
-    "TFINIT_LOG",
-    "TFINIT_LOG_FORMAT",
-    "TFINIT_RUN_DIR",
-    "TFINIT_STATE_DIR",
-    "TFINIT_OWNER",
-    "TFINIT_OWNER_TTL",
-    "TFINIT_FORCE_UNLOCK",
-    "TFINIT_TERRAFORM",
-    "TFINIT_POD_UID",
-    "POD_UID",
-];
 
 /// A running tfinit with its output collected in the background.
 struct Init {

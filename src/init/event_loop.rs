@@ -676,13 +676,18 @@ impl Init {
                 self.watch_pipes(id);
             }
             Err(e) => {
-                let code = if e.kind() == io::ErrorKind::NotFound {
-                    127
-                } else {
-                    126
+                // Out of descriptors or processes is passing: "try again later" (75), like a
+                // refusal, so the controller retries instead of reporting a broken binary.
+                let (code, hint) = match e.raw_os_error() {
+                    Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM) => (
+                        protocol::EXIT_REFUSED,
+                        " (out of resources: try again later; raise the container's open-files or process limits if it repeats)",
+                    ),
+                    _ if e.kind() == io::ErrorKind::NotFound => (127, ""),
+                    _ => (126, ""),
                 };
                 let msg = format!(
-                    "tfinit: cannot start {:?} in {:?}: {e}",
+                    "tfinit: cannot start {:?} in {:?}: {e}{hint}",
                     req.program, req.cwd
                 );
                 tracing::warn!(run = %run.id, "{msg}");

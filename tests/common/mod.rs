@@ -173,3 +173,22 @@ pub fn path_with(dirs: &[&Path]) -> String {
     parts.push(std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
     parts.join(":")
 }
+
+/// Every variable tfinit reads, removed so the caller's environment cannot change a test.
+pub const TFINIT_VARS: [&str; 15] = [
+    "TFINIT_FORWARD",
+    "TFINIT_REWRITE",
+    "TFINIT_GRACE_PERIOD",
+    "TFINIT_STOP_TIMEOUT",
+    "TFINIT_KILL_MARGIN",
+    "TFINIT_LOG",
+    "TFINIT_LOG_FORMAT",
+    "TFINIT_RUN_DIR",
+    "TFINIT_STATE_DIR",
+    "TFINIT_OWNER",
+    "TFINIT_OWNER_TTL",
+    "TFINIT_FORCE_UNLOCK",
+    "TFINIT_TERRAFORM",
+    "TFINIT_POD_UID",
+    "POD_UID",
+];

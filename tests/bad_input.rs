@@ -8,7 +8,7 @@
 //! (The TFINIT_* variables with garbage values are tests/config_errors.rs.)
 
 mod common;
-use common::TFINIT_VARS;
+use common::{collect, tfinit_under, TFINIT_VARS};
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
@@ -61,13 +61,6 @@ struct Setup<'a> {
     state_dir: Option<&'a Path>,
     /// TFINIT_RUN_DIR (default: a fresh path).
     run_dir: Option<&'a Path>,
-}
-
-fn children_of(pid: i32) -> Vec<i32> {
-    read(Path::new(&format!("/proc/{pid}/task/{pid}/children")))
-        .split_whitespace()
-        .filter_map(|s| s.parse().ok())
-        .collect()
 }
 
 /// A field of /proc/PID/status in KiB (`VmHWM`, `VmRSS`).
@@ -134,27 +127,8 @@ impl Init {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn unshare");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let mut pipe = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let unshare = child.id() as i32;
-        let want = std::fs::canonicalize(tfinit()).unwrap();
-        let pid = wait_for(SOON, "tfinit to start under unshare", || {
-            children_of(unshare)
-                .into_iter()
-                .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want))
-        });
+        let (stderr, reader) = collect(child.stderr.take().unwrap());
+        let pid = tfinit_under(child.id() as i32);
         let init = Init {
             child,
             pid,

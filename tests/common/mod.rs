@@ -192,3 +192,48 @@ pub const TFINIT_VARS: [&str; 15] = [
     "TFINIT_POD_UID",
     "POD_UID",
 ];
+
+/// The pids of `pid`'s children (its main thread's), from /proc.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    read(Path::new(&format!("/proc/{pid}/task/{pid}/children")))
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Collects everything read from `pipe` (a child's stderr) in the background.
+pub fn collect(
+    mut pipe: impl std::io::Read + Send + 'static,
+) -> (
+    std::sync::Arc<std::sync::Mutex<String>>,
+    std::thread::JoinHandle<()>,
+) {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (text, reader)
+}
+
+/// The host pid of the tfinit that `unshare` (pid `unshare`) started as its child.
+pub fn tfinit_under(unshare: i32) -> i32 {
+    let want = std::fs::canonicalize(tfinit()).unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "tfinit to start under unshare",
+        || {
+            children_of(unshare)
+                .into_iter()
+                .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want))
+        },
+    )
+}

@@ -180,7 +180,9 @@ ok "linked"
 
 # ---- 6. cargo-fuzz (scripts/fuzz.sh) ----------------------------------------
 step "cargo-fuzz"
-if cargo fuzz --version >/dev/null 2>&1; then
+if [ -n "${TFINIT_SKIP_FUZZ:-}" ]; then
+    ok "skipped (TFINIT_SKIP_FUZZ)"
+elif cargo fuzz --version >/dev/null 2>&1; then
     ok "present ($(cargo fuzz --version 2>/dev/null))"
 else
     # Built from crates.io (a few minutes, once per machine).

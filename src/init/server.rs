@@ -449,13 +449,7 @@ pub fn spawn_recovery(req: &RunRequest, locks: &Locks, workdir: &Path) -> io::Re
         .stderr(std::process::Stdio::inherit());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     crate::sys::child_defaults(&mut cmd);
-    for kv in &req.env {
-        if let Some((k, v)) = kv.split_once('=') {
-            if !k.is_empty() {
-                cmd.env(k, v);
-            }
-        }
-    }
+    super::spawn::set_env(&mut cmd, &req.env);
     // Its logs go to the container log in the init's format.
     for k in ["TFINIT_LOG", "TFINIT_LOG_FORMAT"] {
         if let Some(v) = std::env::var_os(k) {

@@ -90,13 +90,7 @@ pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> io::Result<Started
         .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for kv in &req.env {
-        if let Some((k, v)) = kv.split_once('=') {
-            if !k.is_empty() {
-                cmd.env(k, v);
-            }
-        }
-    }
+    set_env(&mut cmd, &req.env);
     sys::child_defaults(&mut cmd);
     match stdin {
         Some(fd) => cmd.stdin(Stdio::from(fd)),
@@ -111,4 +105,15 @@ pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> io::Result<Started
         stdout: out.into(),
         stderr: err.into(),
     })
+}
+
+/// Gives `cmd` the shim's environment (`KEY=VALUE` strings; an entry without a key is skipped).
+pub fn set_env(cmd: &mut Command, env: &[String]) {
+    for kv in env {
+        if let Some((k, v)) = kv.split_once('=') {
+            if !k.is_empty() {
+                cmd.env(k, v);
+            }
+        }
+    }
 }

@@ -113,7 +113,8 @@ impl Follower {
     }
 }
 
-fn strip_ansi(s: &str) -> std::borrow::Cow<'_, str> {
+/// `s` without ANSI CSI escapes (terraform colours its output unless -no-color).
+pub(crate) fn strip_ansi(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.contains('\u{1b}') {
         return std::borrow::Cow::Borrowed(s);
     }

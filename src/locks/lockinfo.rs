@@ -87,7 +87,7 @@ pub fn plain_id(id: &str) -> bool {
 
 /// Parses the probe's combined output for `backend`; `success` is whether it exited 0.
 pub fn parse_probe(backend: &str, success: bool, output: &str) -> Probe {
-    let flat = strip_ansi(output);
+    let flat = super::follower::strip_ansi(output);
     if let Some(info) = parse_lock_info(&flat) {
         if backend == "gcs" && info.id == GCS_NO_LOCK_ID {
             return Probe::Free;
@@ -117,7 +117,7 @@ pub fn parse_probe(backend: &str, success: bool, output: &str) -> Probe {
 /// line per field, `Info` last). The first value of each field wins, and the block ends at `Info`,
 /// so free text cannot override a field.
 pub fn parse_lock_info(output: &str) -> Option<LockInfo> {
-    let text = strip_ansi(output);
+    let text = super::follower::strip_ansi(output);
     let start = text.find("Lock Info:")?;
     let mut info = LockInfo::default();
     let mut seen = std::collections::HashSet::new();
@@ -153,25 +153,6 @@ pub fn parse_lock_info(output: &str) -> Option<LockInfo> {
     }
     let fields = ["ID", "Who", "Created"];
     (fields.iter().all(|f| seen.contains(*f)) && !info.id.is_empty()).then_some(info)
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.next() == Some('[') {
-                for c2 in chars.by_ref() {
-                    if ('@'..='~').contains(&c2) {
-                        break;
-                    }
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Parses Go's time.Time String(): `2006-01-02 15:04:05.999999999 -0700 MST` into ms since the

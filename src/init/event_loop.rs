@@ -151,8 +151,8 @@ impl Init {
                 self.flush_all_best_effort();
                 tracing::info!(exit_code = code, "tfinit exiting");
                 // Straight out: the kernel closes our descriptors and frees our memory faster
-                // than destructors would, and a container's exit waits on us.
-                std::process::exit(code);
+                // than destructors and atexit handlers would, and a container's exit waits on us.
+                sys::exit_now(code);
             }
             let timeout = self.timeout();
             let n = match self.epoll.wait(&mut events, timeout) {
@@ -234,19 +234,22 @@ impl Init {
         match signals::classify(signo) {
             Incoming::Child => self.reap(),
             Incoming::Shutdown(s) => {
-                // The timeline first, so that the forward is logged with the phase and deadline
-                // it belongs to; the forward still precedes the transition's own signals, and
-                // our own log line (formatting it costs the controller ~10 µs of latency).
+                // The kill first, the bookkeeping after: the controller's latency is what the
+                // init does between reading the signal and kill(2), so nothing else runs there.
+                let forwarded = self.forward_now(s);
                 let t = self.timeline.on_stop_signal(Instant::now());
-                self.forward(s);
+                // Logged after the timeline moved, so with the phase and deadline it belongs to;
+                // the transition's own signals (if any) follow the forward.
+                self.log_forward(s, forwarded);
                 tracing::info!(signal = %signals::name(s), sender, "stop signal received");
                 if let Some(t) = t {
                     self.transition(t);
                 }
             }
             Incoming::Forward(s) => {
+                let forwarded = self.forward_now(s);
                 tracing::debug!(signal = %signals::name(s), sender, "signal received");
-                self.forward(s);
+                self.log_forward(s, forwarded);
             }
             Incoming::Ignore(s) => {
                 tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded")
@@ -254,32 +257,40 @@ impl Init {
         }
     }
 
-    /// Forwards a signal (after rewrite) to the controller or its group.
-    fn forward(&mut self, signo: SigNo) {
+    /// Sends a signal (after rewrite) to the controller or its group: the hot path, kept to the
+    /// kill itself. Returns what was sent where, for [`Self::log_forward`]; `None` when there is
+    /// no one to send it to (`TFINIT_FORWARD=child` and the controller is gone).
+    fn forward_now(&mut self, signo: SigNo) -> Option<(SigNo, Target, Result<(), Errno>)> {
         let to = self.cfg.rewrite.apply(signo);
         let target = match (self.cfg.forward, self.main.exit) {
             (ForwardTo::Child, None) => Target::Pid(self.main.pid),
-            (ForwardTo::Child, Some(_)) => {
-                tracing::debug!(signal = %signals::name(to), "controller gone; signal not forwarded");
-                return;
-            }
+            (ForwardTo::Child, Some(_)) => return None,
             (ForwardTo::Group, _) => Target::Group(self.main.pid),
         };
-        if matches!(signals::classify(to), Incoming::Shutdown(_))
-            && target == Target::Group(self.main.pid)
-        {
-            self.main.group_stopped = true;
-        }
-        let (phase, left) = self.when();
         let sent = sys::kill(target, to);
         if sent.is_ok() {
             // Let the woken controller run before we spend our time slice on logs and the
             // timeline: on a busy node it often shares our CPU (forwarding latency, benchmarks).
             std::thread::yield_now();
         }
+        if target == Target::Group(self.main.pid)
+            && matches!(signals::classify(to), Incoming::Shutdown(_))
+        {
+            self.main.group_stopped = true;
+        }
+        Some((to, target, sent))
+    }
+
+    /// Logs what [`Self::forward_now`] did with `signo`.
+    fn log_forward(&self, signo: SigNo, forwarded: Option<(SigNo, Target, Result<(), Errno>)>) {
+        let Some((to, target, sent)) = forwarded else {
+            tracing::debug!(signal = %signals::name(self.cfg.rewrite.apply(signo)), "controller gone; signal not forwarded");
+            return;
+        };
         match sent {
             // A stop signal sent on is a shutdown step: logged at info like the others.
             Ok(()) if matches!(signals::classify(signo), Incoming::Shutdown(_)) => {
+                let (phase, left) = self.when();
                 tracing::info!(signal = %signals::name(to), %target, phase, seconds_left = left, "signal forwarded")
             }
             Ok(()) => tracing::debug!(signal = %signals::name(to), %target, "signal forwarded"),

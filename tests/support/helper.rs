@@ -34,7 +34,7 @@ use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -62,12 +62,14 @@ fn signame(s: i32) -> String {
     }
 }
 
-/// Signals received by `signals` mode and not yet recorded: bit N-1 for signal N.
-static PENDING: AtomicU64 = AtomicU64::new(0);
+/// Deliveries received by `signals` mode and not yet recorded: entry N-1 for signal N. A count,
+/// not a flag: one sigsuspend can return after several deliveries of the same queued real-time
+/// signal, and each must give its own line (the load test counts them exactly).
+static PENDING: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
 
 extern "C" fn mark_pending(sig: libc::c_int) {
     if (1..=64).contains(&sig) {
-        PENDING.fetch_or(1u64 << (sig - 1), Ordering::SeqCst);
+        PENDING[(sig - 1) as usize].fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -400,10 +402,9 @@ fn signals(args: &[String]) -> ExitCode {
     loop {
         // SAFETY: sigsuspend waits with `old_mask` (a valid set) until a handler has run.
         unsafe { libc::sigsuspend(&old_mask) };
-        let pending = PENDING.swap(0, Ordering::SeqCst);
-        for bit in 0..64 {
-            if pending & (1u64 << bit) != 0 {
-                let s = bit + 1;
+        for (i, count) in PENDING.iter().enumerate() {
+            let s = i as i32 + 1;
+            for _ in 0..count.swap(0, Ordering::SeqCst) {
                 append(&out, &format!("{role} {}", signame(s)));
                 if Some(s) == exit_on {
                     return ExitCode::SUCCESS;

@@ -48,6 +48,10 @@ const PANICWRAP_CHILD_KILLED: i32 = 255;
 /// How often a changed in-progress set is written to the record.
 const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
+/// What a forward did: the signal after rewrite, and where it went with kill(2)'s result (none
+/// when there was no one to send it to).
+type Forwarded = (SigNo, Option<(Target, Result<(), Errno>)>);
+
 fn token(kind: u64, id: u64) -> u64 {
     (id << 8) | kind
 }
@@ -258,13 +262,14 @@ impl Init {
     }
 
     /// Sends a signal (after rewrite) to the controller or its group: the hot path, kept to the
-    /// kill itself. Returns what was sent where, for [`Self::log_forward`]; `None` when there is
-    /// no one to send it to (`TFINIT_FORWARD=child` and the controller is gone).
-    fn forward_now(&mut self, signo: SigNo) -> Option<(SigNo, Target, Result<(), Errno>)> {
+    /// kill itself. Returns what was sent where, for [`Self::log_forward`]: the signal after
+    /// rewrite, and no target when there is no one to send it to (`TFINIT_FORWARD=child` and the
+    /// controller is gone).
+    fn forward_now(&mut self, signo: SigNo) -> Forwarded {
         let to = self.cfg.rewrite.apply(signo);
         let target = match (self.cfg.forward, self.main.exit) {
             (ForwardTo::Child, None) => Target::Pid(self.main.pid),
-            (ForwardTo::Child, Some(_)) => return None,
+            (ForwardTo::Child, Some(_)) => return (to, None),
             (ForwardTo::Group, _) => Target::Group(self.main.pid),
         };
         let sent = sys::kill(target, to);
@@ -278,13 +283,13 @@ impl Init {
         {
             self.main.group_stopped = true;
         }
-        Some((to, target, sent))
+        (to, Some((target, sent)))
     }
 
     /// Logs what [`Self::forward_now`] did with `signo`.
-    fn log_forward(&self, signo: SigNo, forwarded: Option<(SigNo, Target, Result<(), Errno>)>) {
-        let Some((to, target, sent)) = forwarded else {
-            tracing::debug!(signal = %signals::name(self.cfg.rewrite.apply(signo)), "controller gone; signal not forwarded");
+    fn log_forward(&self, signo: SigNo, (to, sent_to): Forwarded) {
+        let Some((target, sent)) = sent_to else {
+            tracing::debug!(signal = %signals::name(to), "controller gone; signal not forwarded");
             return;
         };
         match sent {

@@ -460,6 +460,53 @@ fn fixture(name: &str, dest: &Path) -> PathBuf {
 }
 
 /// The last `n` bytes of `s` (or so: cut at a character boundary).
+/// `terraform init` of `work`, run directly (not through the shim), with the null provider.
+fn init_workspace(tf: &Tf, work: &Path, plugin_dir: &str) {
+    let o = run(
+        tf.direct(work, &["init", "-no-color", "-input=false", plugin_dir]),
+        None,
+        LONG,
+    );
+    assert!(o.status.success(), "init: {}", text(&o.stderr));
+}
+
+/// A real apply of the `slow` fixture running through the shim, its provisioner started.
+struct SlowApply {
+    tmp: TempDir,
+    init: Init,
+    tf: Tf,
+    work: PathBuf,
+    apply: Running,
+}
+
+/// Starts an init, initialises the `slow` fixture and runs its apply through the shim until the
+/// provisioner runs; `None` without a real terraform.
+fn slow_apply_through_the_shim(shape: Shape, name: &str) -> Option<SlowApply> {
+    let (bin, plugin_dir) = real_terraform()?;
+    let tmp = TempDir::new(name);
+    let init = Init::start(&tmp, &tmp.0, &[], None);
+    let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
+    let work = fixture("slow", &tmp.join("work"));
+    init_workspace(&tf, &work, &plugin_dir);
+    let apply = Running::start(
+        tf.shim(
+            &work,
+            &["apply", "-auto-approve", "-no-color", "-input=false"],
+        ),
+        false,
+    );
+    wait_for(LONG, "the apply's provisioner to start", || {
+        apply.out.text().contains("Executing:").then_some(())
+    });
+    Some(SlowApply {
+        tmp,
+        init,
+        tf,
+        work,
+        apply,
+    })
+}
+
 fn tail(s: &str, n: usize) -> &str {
     let mut i = s.len().saturating_sub(n);
     while !s.is_char_boundary(i) {
@@ -752,12 +799,7 @@ fn sigkill_of_the_shim_during_shutdown_leaves_the_apply_running_to_completion(sh
     let work = fixture("slow", &tmp.join("work"));
     let shim_dir = common::shim_dir(&tmp);
     let tf = Tf::new(&tmp, &tmp.join("run"), &bin, &shape.env());
-    let o = run(
-        tf.direct(&work, &["init", "-no-color", "-input=false", &plugin_dir]),
-        None,
-        LONG,
-    );
-    assert!(o.status.success(), "init: {}", text(&o.stderr));
+    init_workspace(&tf, &work, &plugin_dir);
 
     let controller_log = tmp.join("controller.log");
     let controller: Vec<String> = [
@@ -849,30 +891,16 @@ fn sigkill_of_the_shim_during_shutdown_leaves_the_apply_running_to_completion(sh
 /// The caller gave up on a run outside shutdown (a reconcile timeout): the shim is SIGKILLed, the
 /// init sends terraform one SIGTERM, terraform stops gracefully, saves state and unlocks.
 fn an_abandoned_apply_stops_gracefully_with_consistent_state_and_no_lock(shape: Shape) {
-    let Some((bin, plugin_dir)) = real_terraform() else {
+    let Some(SlowApply {
+        tmp: _tmp,
+        init,
+        tf,
+        work,
+        apply,
+    }) = slow_apply_through_the_shim(shape, "shim-abandoned")
+    else {
         return;
     };
-    let tmp = TempDir::new("shim-abandoned");
-    let init = Init::start(&tmp, &tmp.0, &[], None);
-    let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
-    let work = fixture("slow", &tmp.join("work"));
-    let o = run(
-        tf.direct(&work, &["init", "-no-color", "-input=false", &plugin_dir]),
-        None,
-        LONG,
-    );
-    assert!(o.status.success(), "init: {}", text(&o.stderr));
-
-    let apply = Running::start(
-        tf.shim(
-            &work,
-            &["apply", "-auto-approve", "-no-color", "-input=false"],
-        ),
-        false,
-    );
-    wait_for(LONG, "the apply's provisioner to start", || {
-        apply.out.text().contains("Executing:").then_some(())
-    });
     assert!(lock_info(&work).exists(), "the apply holds the lock");
     wait_for(SHORT, "the provisioner's `sleep 30` to run", || {
         init.processes()
@@ -938,30 +966,16 @@ fn an_abandoned_apply_stops_gracefully_with_consistent_state_and_no_lock(shape: 
 }
 
 fn sigterm_and_sigint_to_the_shim_interrupt_the_apply_once_never_twice(shape: Shape) {
-    let Some((bin, plugin_dir)) = real_terraform() else {
+    let Some(SlowApply {
+        tmp: _tmp,
+        init,
+        tf: _,
+        work,
+        apply,
+    }) = slow_apply_through_the_shim(shape, "shim-interrupt")
+    else {
         return;
     };
-    let tmp = TempDir::new("shim-interrupt");
-    let init = Init::start(&tmp, &tmp.0, &[], None);
-    let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
-    let work = fixture("slow", &tmp.join("work"));
-    let o = run(
-        tf.direct(&work, &["init", "-no-color", "-input=false", &plugin_dir]),
-        None,
-        LONG,
-    );
-    assert!(o.status.success(), "init: {}", text(&o.stderr));
-
-    let apply = Running::start(
-        tf.shim(
-            &work,
-            &["apply", "-auto-approve", "-no-color", "-input=false"],
-        ),
-        false,
-    );
-    wait_for(LONG, "the apply's provisioner to start", || {
-        apply.out.text().contains("Executing:").then_some(())
-    });
     // A burst, as an impatient caller would send: each would be a second interrupt for terraform.
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGTERM] {
         apply.signal(s);

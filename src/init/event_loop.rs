@@ -833,11 +833,9 @@ impl Init {
                     return;
                 }
             }
-            let fd = match stream {
-                Stream::Stdout => run.stdout.as_ref(),
-                Stream::Stderr => run.stderr.as_ref(),
+            let Some(fd) = run.pipe(stream) else {
+                return;
             };
-            let Some(fd) = fd else { return };
             match nix::unistd::read(fd, &mut self.scratch) {
                 Ok(0) => {
                     if attached.is_none() {
@@ -897,11 +895,9 @@ impl Init {
             let Some(run) = self.runs.get(&id) else {
                 return;
             };
-            let fd = match stream {
-                Stream::Stdout => run.stdout.as_ref(),
-                Stream::Stderr => run.stderr.as_ref(),
+            let Some(fd) = run.pipe(stream) else {
+                return;
             };
-            let Some(fd) = fd else { return };
             match nix::unistd::read(fd, &mut self.scratch) {
                 Ok(0) => break,
                 Ok(n) => self.deliver(id, stream, n),
@@ -922,11 +918,7 @@ impl Init {
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
-        let slot = match stream {
-            Stream::Stdout => &mut run.stdout,
-            Stream::Stderr => &mut run.stderr,
-        };
-        if let Some(fd) = slot.take() {
+        if let Some(fd) = run.take_pipe(stream) {
             if !run.paused {
                 let _ = self.epoll.delete(fd.as_fd());
             }

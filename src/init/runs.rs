@@ -107,6 +107,22 @@ impl Run {
         self.exit.is_none()
     }
 
+    /// The read end of terraform's stdout or stderr pipe, while it is open.
+    pub fn pipe(&self, stream: Stream) -> Option<&OwnedFd> {
+        match stream {
+            Stream::Stdout => self.stdout.as_ref(),
+            Stream::Stderr => self.stderr.as_ref(),
+        }
+    }
+
+    /// Takes the read end of a pipe out of the run (to close it).
+    pub fn take_pipe(&mut self, stream: Stream) -> Option<OwnedFd> {
+        match stream {
+            Stream::Stdout => self.stdout.take(),
+            Stream::Stderr => self.stderr.take(),
+        }
+    }
+
     /// The `tfinit status` entry.
     pub fn status(&self) -> RunStatus {
         let pid = self.pid().map_or(0, |p| p.as_raw());

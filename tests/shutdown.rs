@@ -64,6 +64,34 @@ fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> Init 
     )
 }
 
+/// Starts the controller stand-in running an apply of the fake terraform that ignores SIGTERM
+/// (logging to `tf_log`, sleeping two minutes), and waits until the fake has started.
+fn start_ignoring_sigterm(tmp: &common::TempDir, tf_log: &std::path::Path, budget: Budget) -> Init {
+    let init = Init::start(
+        tmp,
+        Spec {
+            cwd: &tmp.0,
+            terraform_dir: common::fake_terraform_dir(tmp),
+            shape: Shape::SingleProcess,
+            budget,
+            env: vec![
+                ("FAKE_TF_ON_TERM", "ignore".into()),
+                ("FAKE_TF_SLEEP_MS", "120000".into()),
+                ("FAKE_TF_LOG", tf_log.display().to_string()),
+            ],
+            main: slow::controller(
+                CONTROLLER_CODE,
+                &tmp.join("controller.log"),
+                &["apply".into(), "-auto-approve".into()],
+            ),
+        },
+    );
+    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
+        common::read(tf_log).contains("args apply").then_some(())
+    });
+    init
+}
+
 /// Waits until the apply is in flight (its local-exec started) and checks the shape.
 fn wait_in_flight(init: &Init, work: &Workdir, shape: Shape) {
     common::wait_for(
@@ -331,28 +359,7 @@ fn a_run_that_ignores_sigterm_is_sigkilled_at_deadline_minus_margin_and_the_init
         stop: 4.0,
         margin: 2.0,
     };
-    let mut init = Init::start(
-        &tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(&tmp),
-            shape: Shape::SingleProcess,
-            budget,
-            env: vec![
-                ("FAKE_TF_ON_TERM", "ignore".into()),
-                ("FAKE_TF_SLEEP_MS", "120000".into()),
-                ("FAKE_TF_LOG", tf_log.display().to_string()),
-            ],
-            main: slow::controller(
-                CONTROLLER_CODE,
-                &tmp.join("controller.log"),
-                &["apply".into(), "-auto-approve".into()],
-            ),
-        },
-    );
-    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
-        common::read(&tf_log).contains("args apply").then_some(())
-    });
+    let mut init = start_ignoring_sigterm(&tmp, &tf_log, budget);
     init.signal(Signal::SIGTERM);
     let code = init.wait(Duration::from_secs(30));
     let ev = init.events();
@@ -455,28 +462,7 @@ fn a_third_stop_signal_sigkills_what_is_left_at_once() {
         stop: 10.0,
         margin: 2.0,
     };
-    let mut init = Init::start(
-        &tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(&tmp),
-            shape: Shape::SingleProcess,
-            budget,
-            env: vec![
-                ("FAKE_TF_ON_TERM", "ignore".into()),
-                ("FAKE_TF_SLEEP_MS", "120000".into()),
-                ("FAKE_TF_LOG", tf_log.display().to_string()),
-            ],
-            main: slow::controller(
-                CONTROLLER_CODE,
-                &tmp.join("controller.log"),
-                &["apply".into(), "-auto-approve".into()],
-            ),
-        },
-    );
-    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
-        common::read(&tf_log).contains("args apply").then_some(())
-    });
+    let mut init = start_ignoring_sigterm(&tmp, &tf_log, budget);
     init.signal(Signal::SIGTERM);
     init.wait_event(Duration::from_secs(10), "shutdown:");
     init.signal(Signal::SIGTERM);

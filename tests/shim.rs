@@ -1642,21 +1642,20 @@ fn an_abandoned_run_gets_exactly_one_sigterm_and_no_sigkill_when_it_stops() {
     init.stop();
 }
 
-#[test]
-fn an_abandoned_run_that_ignores_sigterm_has_its_group_killed_after_the_stop_timeout() {
-    if !fake_available() {
-        return;
-    }
-    let stop_timeout = Duration::from_secs(2);
-    let (tmp, init, tf) = fake_setup(
-        "shim-abandon-ignore",
-        &[("TFINIT_STOP_TIMEOUT", "2s".to_string())],
-    );
-    // terraform and one more member of its process group, both ignoring SIGTERM.
+/// Runs `apply` through the shim with a terraform that first starts a `sleep 600` in its own
+/// process group, then execs the fake terraform with `fake_env`; with `ignore_term` both ignore
+/// SIGTERM. Returns the run, the fake's log and the group member's pid (in the init's namespace).
+fn apply_with_a_group_member(
+    tmp: &TempDir,
+    tf: &Tf,
+    ignore_term: bool,
+    fake_env: &[(&str, &str)],
+) -> (Running, PathBuf, i32) {
     let script = tmp.join("tf-with-member");
+    let trap = if ignore_term { "trap '' TERM\n" } else { "" };
     std::fs::write(
         &script,
-        "#!/bin/sh\ntrap '' TERM\nsleep 600 &\necho \"$!\" > \"$MEMBER_PID\"\nexec \"$FAKE_TF\" \"$@\"\n",
+        format!("#!/bin/sh\n{trap}sleep 600 &\necho \"$!\" > \"$MEMBER_PID\"\nexec \"$FAKE_TF\" \"$@\"\n"),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -1668,13 +1667,35 @@ fn an_abandoned_run_that_ignores_sigterm_has_its_group_killed_after_the_stop_tim
         .env("FAKE_TF", tmp.join("fake/terraform"))
         .env("MEMBER_PID", &member_file)
         .env("FAKE_TF_LOG", &log)
-        .env("FAKE_TF_ON_TERM", "ignore")
-        .env("FAKE_TF_SLEEP_MS", "120000");
+        .envs(fake_env.iter().copied());
     let r = Running::start(cmd, false);
-    let (pid, pgid) = fake_started(&log);
     let member: i32 = wait_for(SHORT, "the group member's pid", || {
         common::read(&member_file).trim().parse().ok()
     });
+    (r, log, member)
+}
+
+#[test]
+fn an_abandoned_run_that_ignores_sigterm_has_its_group_killed_after_the_stop_timeout() {
+    if !fake_available() {
+        return;
+    }
+    let stop_timeout = Duration::from_secs(2);
+    let (tmp, init, tf) = fake_setup(
+        "shim-abandon-ignore",
+        &[("TFINIT_STOP_TIMEOUT", "2s".to_string())],
+    );
+    // terraform and one more member of its process group, both ignoring SIGTERM.
+    let (r, log, member) = apply_with_a_group_member(
+        &tmp,
+        &tf,
+        true,
+        &[
+            ("FAKE_TF_ON_TERM", "ignore"),
+            ("FAKE_TF_SLEEP_MS", "120000"),
+        ],
+    );
+    let (pid, pgid) = fake_started(&log);
     let (tf_host, member_host) = (
         init.host_pid(pid).expect("terraform's pid"),
         init.host_pid(member).expect("the member's pid"),
@@ -1725,29 +1746,17 @@ fn an_abandoned_runs_leftover_group_members_are_killed_once_terraform_has_stoppe
     );
     // terraform stops at once on SIGTERM, leaving a member of its group behind (as its graceful
     // stop leaves a local-exec command's children), which holds its output pipes open.
-    let script = tmp.join("tf-leaving-member");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\nsleep 600 &\necho \"$!\" > \"$MEMBER_PID\"\nexec \"$FAKE_TF\" \"$@\"\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let log = tmp.join("fake.log");
-    let member_file = tmp.join("member.pid");
-    let mut cmd = tf.shim(&tmp.0, &["apply"]);
-    cmd.env("TFINIT_TERRAFORM", &script)
-        .env("FAKE_TF", tmp.join("fake/terraform"))
-        .env("MEMBER_PID", &member_file)
-        .env("FAKE_TF_LOG", &log)
-        .env("FAKE_TF_ON_TERM", "graceful")
-        .env("FAKE_TF_SLEEP_MS", "120000")
-        .env("FAKE_TF_STOP_MS", "0");
-    let r = Running::start(cmd, false);
+    let (r, log, member) = apply_with_a_group_member(
+        &tmp,
+        &tf,
+        false,
+        &[
+            ("FAKE_TF_ON_TERM", "graceful"),
+            ("FAKE_TF_SLEEP_MS", "120000"),
+            ("FAKE_TF_STOP_MS", "0"),
+        ],
+    );
     fake_started(&log);
-    let member: i32 = wait_for(SHORT, "the group member's pid", || {
-        common::read(&member_file).trim().parse().ok()
-    });
     let member_host = init.host_pid(member).expect("the member's pid");
     let t0 = Instant::now();
     r.signal(Signal::SIGKILL);

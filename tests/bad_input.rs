@@ -269,31 +269,6 @@ fn fake_pid_pgid(log: &Path) -> (i32, i32) {
     (f[1].parse().unwrap(), f[3].parse().unwrap())
 }
 
-/// Raises this process's soft open-files limit to its hard limit (the init, started from here,
-/// inherits it and raises its own the same way); false (a skip, or a failure under CI) when the
-/// hard limit is below `need`: so many descriptors are open at once.
-fn enough_descriptors(need: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, writable rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return false;
-        }
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    common::require(
-        lim.rlim_max >= need,
-        &format!(
-            "an open-files hard limit of at least {need} (ulimit -Hn is {})",
-            lim.rlim_max
-        ),
-    )
-}
-
 fn root() -> bool {
     common::require(common::is_root(), "root (PID and mount namespaces)")
 }
@@ -750,7 +725,7 @@ fn pending_connections(path: &Path) -> Option<usize> {
 fn a_thousand_shims_connecting_at_once_all_get_their_own_output_and_exit_code() {
     // The test holds two pipes per shim; the init a socket, two pipes and a stdin per run.
     if !root()
-        || !enough_descriptors(8192)
+        || !common::enough_descriptors(8192)
         || !common::require(
             Command::new("ss").arg("-V").output().is_ok(),
             "ss (iproute2)",

@@ -201,31 +201,6 @@ fn wait_output(mut child: Child, timeout: Duration) -> Output {
     }
 }
 
-/// Raises this process's soft open-files limit to its hard limit (the init, started from here,
-/// inherits it and raises its own the same way); false (a skip, or a failure under CI) when the
-/// hard limit is below `need`: so many descriptors are open at once.
-fn enough_descriptors(need: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, writable rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return false;
-        }
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    common::require(
-        lim.rlim_max >= need,
-        &format!(
-            "an open-files hard limit of at least {need} (ulimit -Hn is {})",
-            lim.rlim_max
-        ),
-    )
-}
-
 fn root() -> bool {
     common::require(common::is_root(), "root (PID namespaces)")
 }
@@ -239,7 +214,7 @@ fn records(state_dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output_and_exit_code() {
-    if !root() || !enough_descriptors(4096) {
+    if !root() || !common::enough_descriptors(4096) {
         return;
     }
     let _g = heavy();

@@ -237,3 +237,28 @@ pub fn tfinit_under(unshare: i32) -> i32 {
         },
     )
 }
+
+/// Raises this process's soft open-files limit to its hard limit (the init, started from here,
+/// inherits it and raises its own the same way); false (a skip, or a failure under CI) when the
+/// hard limit is below `need`: so many descriptors are open at once.
+pub fn enough_descriptors(need: u64) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, writable rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return false;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    require(
+        lim.rlim_max >= need,
+        &format!(
+            "an open-files hard limit of at least {need} (ulimit -Hn is {})",
+            lim.rlim_max
+        ),
+    )
+}

@@ -101,7 +101,7 @@ impl Init {
             .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn unshare");
         let (stderr, reader) = collect(child.stderr.take().unwrap());
-        let pid = tfinit_under(child.id() as i32);
+        let pid = tfinit_under(child.id() as i32, Duration::from_secs(60));
         let init = Init {
             child,
             pid,

@@ -190,13 +190,7 @@ impl Init {
         let (out, h1) = Captured::collect(unshare.stdout.take().unwrap());
         let (log, h2) = Captured::collect(unshare.stderr.take().unwrap());
         let upid = unshare.id();
-        let pid = wait_for(SHORT, "tfinit to start as PID 1 of the namespace", || {
-            let kids =
-                std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children")).ok()?;
-            let pid: i32 = kids.split_whitespace().next()?.parse().ok()?;
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-            (exe.file_name()? == "tfinit").then_some(pid)
-        });
+        let pid = common::tfinit_under(upid as i32, SHORT);
         let init = Init {
             unshare,
             pid,

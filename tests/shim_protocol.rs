@@ -63,13 +63,7 @@ impl Init {
             }
         });
         let upid = unshare.id();
-        let pid = wait_for(TIMEOUT, "tfinit to start as PID 1", || {
-            let kids =
-                std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children")).ok()?;
-            let pid: i32 = kids.split_whitespace().next()?.parse().ok()?;
-            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-            (exe.file_name()? == "tfinit").then_some(pid)
-        });
+        let pid = common::tfinit_under(upid as i32, TIMEOUT);
         let init = Init {
             unshare,
             pid,

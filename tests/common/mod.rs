@@ -224,18 +224,15 @@ pub fn collect(
     (text, reader)
 }
 
-/// The host pid of the tfinit that `unshare` (pid `unshare`) started as its child.
-pub fn tfinit_under(unshare: i32) -> i32 {
+/// The host pid of the tfinit that `unshare` (pid `unshare`) started as its child, waiting for
+/// it at most `within`.
+pub fn tfinit_under(unshare: i32, within: Duration) -> i32 {
     let want = std::fs::canonicalize(tfinit()).unwrap();
-    wait_for(
-        Duration::from_secs(60),
-        "tfinit to start under unshare",
-        || {
-            children_of(unshare)
-                .into_iter()
-                .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want))
-        },
-    )
+    wait_for(within, "tfinit to start under unshare", || {
+        children_of(unshare)
+            .into_iter()
+            .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want))
+    })
 }
 
 /// Raises this process's soft open-files limit to its hard limit (the init, started from here,

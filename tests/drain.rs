@@ -8,6 +8,7 @@
 
 mod common;
 #[path = "fixtures/slow/mod.rs"]
+#[macro_use]
 mod slow;
 
 use std::time::{Duration, Instant};
@@ -18,22 +19,6 @@ use slow::{Budget, Init, Shape, Spec, Workdir};
 
 /// The shim's documented exit code when the init refuses to start terraform (EX_TEMPFAIL).
 const EXIT_REFUSED: i32 = 75;
-
-/// Generates one test per terraform shape for a scenario `fn name(shape: Shape)`.
-macro_rules! both_shapes {
-    ($name:ident) => {
-        mod $name {
-            #[test]
-            fn panicwrap() {
-                super::$name(super::Shape::Panicwrap)
-            }
-            #[test]
-            fn single_process_tf_fork_0() {
-                super::$name(super::Shape::SingleProcess)
-            }
-        }
-    };
-}
 
 const BUDGET: Budget = Budget {
     grace: 20.0,

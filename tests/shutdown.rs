@@ -15,6 +15,7 @@
 
 mod common;
 #[path = "fixtures/slow/mod.rs"]
+#[macro_use]
 mod slow;
 
 use std::time::Duration;
@@ -31,22 +32,6 @@ const SLACK: f64 = 0.25;
 const PROMPT: f64 = 1.0;
 /// The exit code of the controller stand-in after SIGTERM.
 const CONTROLLER_CODE: u8 = 7;
-
-/// Generates one test per terraform shape for a scenario `fn name(shape: Shape)`.
-macro_rules! both_shapes {
-    ($name:ident) => {
-        mod $name {
-            #[test]
-            fn panicwrap() {
-                super::$name(super::Shape::Panicwrap)
-            }
-            #[test]
-            fn single_process_tf_fork_0() {
-                super::$name(super::Shape::SingleProcess)
-            }
-        }
-    };
-}
 
 /// Starts the controller stand-in running the slow apply (`sleep` seconds) with the real terraform.
 fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> Init {

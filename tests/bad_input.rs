@@ -433,7 +433,7 @@ fn a_regular_file_at_the_socket_path_is_kept_and_named_and_shims_run_terraform_d
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
     let shim_pid = child.id() as i32;
-    let out = wait_output(child);
+    let out = common::wait_output(child, SOON);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "args: plan\n");
@@ -449,27 +449,6 @@ fn a_regular_file_at_the_socket_path_is_kept_and_named_and_shims_run_terraform_d
     init.stop_cleanly();
     assert_eq!(read(&sock), "somebody's file\n");
     assert!(std::fs::symlink_metadata(&sock).unwrap().is_file());
-}
-
-fn wait_output(mut child: Child) -> Output {
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = common::wait_child(&mut child, SOON, "shim");
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
 }
 
 /// Writes `header` then filler bytes (`fill`, never a newline) until `total` bytes were accepted
@@ -760,7 +739,10 @@ fn a_thousand_shims_connecting_at_once_all_get_their_own_output_and_exit_code() 
     });
     let started = Instant::now();
     init.signal(libc::SIGCONT);
-    let outputs: Vec<Output> = shims.into_iter().map(wait_output).collect();
+    let outputs: Vec<Output> = shims
+        .into_iter()
+        .map(|c| common::wait_output(c, SOON))
+        .collect();
     let secs = started.elapsed().as_secs_f64();
     for (i, out) in outputs.iter().enumerate() {
         let stderr = String::from_utf8_lossy(&out.stderr);

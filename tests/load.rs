@@ -8,7 +8,7 @@
 mod common;
 use common::{children_of, collect, tfinit_under, TFINIT_VARS};
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -179,28 +179,6 @@ impl Drop for Init {
     }
 }
 
-/// Collects a child's stdout and stderr in threads and waits for it with a deadline.
-fn wait_output(mut child: Child, timeout: Duration) -> Output {
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = common::wait_child(&mut child, timeout, "shim");
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
-}
-
 fn root() -> bool {
     common::require(common::is_root(), "root (PID namespaces)")
 }
@@ -273,7 +251,7 @@ fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output
     }
     let outputs: Vec<(Output, Vec<String>)> = waiting
         .into_iter()
-        .map(|(c, a)| (wait_output(c, SOON), a))
+        .map(|(c, a)| (common::wait_output(c, SOON), a))
         .collect();
     let secs = started.elapsed().as_secs_f64();
     let after = init.usage();
@@ -370,7 +348,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
         .map(|d| terraform(d, &["init", "-input=false", "-no-color", &plugin_dir]))
         .collect();
     for (i, c) in inits.into_iter().enumerate() {
-        let out = wait_output(c, Duration::from_secs(300));
+        let out = common::wait_output(c, Duration::from_secs(300));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             out.status.code(),
@@ -410,7 +388,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
     };
     let outputs: Vec<Output> = plans
         .into_iter()
-        .map(|c| wait_output(c, Duration::from_secs(300)))
+        .map(|c| common::wait_output(c, Duration::from_secs(300)))
         .collect();
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let peak_running = sampler.join().unwrap();

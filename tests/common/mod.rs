@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the binaries, PID namespaces, temp dirs, polling.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -130,12 +131,12 @@ pub fn run_output(cmd: &mut Command, timeout: Duration) -> Output {
     let mut err = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
         let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        let _ = out.read_to_end(&mut v);
         v
     });
     let t_err = std::thread::spawn(move || {
         let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut err, &mut v);
+        let _ = err.read_to_end(&mut v);
         v
     });
     let status = wait_child(&mut child, timeout, "command");
@@ -258,4 +259,26 @@ pub fn enough_descriptors(need: u64) -> bool {
             lim.rlim_max
         ),
     )
+}
+
+/// Collects a child's stdout and stderr in threads and waits for it with a deadline.
+pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = wait_child(&mut child, timeout, "shim");
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
 }

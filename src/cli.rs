@@ -97,6 +97,10 @@ pub struct InitArgs {
     #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION", value_parser = text())]
     pub owner_ttl: Option<String>,
 
+    /// How long a state-locking run waits for its lock-owner record to be written. Default 30s.
+    #[arg(long, env = "TFINIT_RECORD_TIMEOUT", value_name = "DURATION", value_parser = text())]
+    pub record_timeout: Option<String>,
+
     /// `auto`: release a stale state lock provably held by a dead previous owner; `off`: never.
     #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off", value_parser = text())]
     pub force_unlock: Option<String>,

@@ -68,6 +68,8 @@ pub struct InitConfig {
     pub owner: String,
     /// Heartbeat age after which an owner is dead.
     pub owner_ttl: Duration,
+    /// How long a state-locking run waits in `recording` for its record (and the store to open).
+    pub record_timeout: Duration,
     /// Whether stale locks of dead owners are released automatically.
     pub force_unlock: bool,
     /// The pod's UID when the downward API provides it (TFINIT_POD_UID or POD_UID).
@@ -82,6 +84,8 @@ pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_KILL_MARGIN: Duration = Duration::from_secs(2);
 /// Default owner TTL.
 pub const DEFAULT_OWNER_TTL: Duration = Duration::from_secs(30);
+/// Default record timeout: covers a record write plus a heartbeat write on a slow volume.
+pub const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
 
@@ -458,6 +462,15 @@ impl InitConfig {
                 "30s",
             ));
         }
+        let record_timeout = duration_setting(
+            &n,
+            args.record_timeout.as_deref(),
+            "record_timeout",
+            "TFINIT_RECORD_TIMEOUT",
+            "record-timeout",
+            DEFAULT_RECORD_TIMEOUT,
+            "30s",
+        )?;
         let force_unlock = match args.force_unlock.as_deref().map(str::trim) {
             None | Some("auto") => true,
             Some("off") => false,
@@ -485,6 +498,7 @@ impl InitConfig {
             state_dir,
             owner,
             owner_ttl,
+            record_timeout,
             force_unlock,
             pod_uid,
         })
@@ -508,6 +522,7 @@ impl InitArgs {
             state_dir: path(&self.state_dir),
             owner: text(&self.owner),
             owner_ttl: text(&self.owner_ttl),
+            record_timeout: text(&self.record_timeout),
             force_unlock: text(&self.force_unlock),
         }
     }

@@ -200,6 +200,11 @@ pub struct RunRequest {
     pub cwd: String,
     /// Environment, as `KEY=VALUE` strings.
     pub env: Vec<String>,
+    /// The workspace stored in the run's data directory (`$TF_DATA_DIR/environment`, default
+    /// `.terraform/environment`, in cwd + -chdir), read by the shim in its own process so the
+    /// init never reads in a working directory; absent when there is none or it is not valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// How a run ended, or why it never started.
@@ -258,8 +263,21 @@ pub struct Status {
     /// The controller's pid, while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub main_pid: Option<i32>,
+    /// The lock-owner records' store, as the init knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records: Option<RecordsStatus>,
     /// terraform runs in flight.
     pub runs: Vec<RunStatus>,
+}
+
+/// The lock-owner records' store in `tfinit status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecordsStatus {
+    /// `opening`, `open`, `failed`, `not_answering` or `heartbeat_stale`.
+    pub state: String,
+    /// Seconds since this owner's heartbeat was last written successfully (none yet: null).
+    #[serde(default)]
+    pub heartbeat_age_seconds: Option<f64>,
 }
 
 /// One run in `tfinit status`.
@@ -283,6 +301,10 @@ pub struct RunStatus {
     pub attached: bool,
     /// Whether terraform was asked to stop gracefully (its one SIGTERM).
     pub stop_requested: bool,
+    /// Where the run is in its life: `recovering` (a lock recovery runs first), `running`, or
+    /// `exited` (terraform was reaped, its output is still being drained). Empty from an older init.
+    #[serde(default)]
+    pub state: String,
 }
 
 #[cfg(test)]

@@ -175,35 +175,107 @@ pub fn sigrtmin() -> SigNo {
     libc::SIGRTMIN()
 }
 
+/// How many descriptors one message may carry to the init (the shim sends one: its stdin).
+pub const MAX_FDS: usize = 4;
+
+/// Why [`recv_with_fds`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvError {
+    /// recvmsg(2) failed (EAGAIN when nothing is there).
+    Os(Errno),
+    /// The peer passed more descriptors than [`MAX_FDS`] (the control data was truncated,
+    /// MSG_CTRUNC). Every descriptor the kernel installed was closed; the bytes were dropped.
+    TooManyFds,
+}
+
 /// Receives bytes from a Unix stream socket together with any file descriptors passed with them
-/// (SCM_RIGHTS). Returns 0 bytes at end of stream. Non-blocking: EAGAIN comes back as an error.
+/// (SCM_RIGHTS, close-on-exec). Returns 0 bytes at end of stream. Non-blocking: EAGAIN comes back
+/// as an error.
+///
+/// Walks the control data with libc's CMSG_* rather than nix's `cmsgs()`, which fails on
+/// truncated control data and so would leak the descriptors the kernel installed.
 pub fn recv_with_fds(
     sock: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
-) -> Result<(usize, Vec<std::os::fd::OwnedFd>), Errno> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 4]);
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let msg = recvmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-    )?;
+) -> Result<(usize, Vec<std::os::fd::OwnedFd>), RecvError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    const INT: usize = std::mem::size_of::<RawFd>();
+    // SAFETY: CMSG_SPACE only computes a size from its argument.
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * INT) as u32) } as usize;
+    // u64 words: the control buffer must be aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all-zero is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = (control.len() * 8) as _;
+    // SAFETY: `msg` points at `iov` (which points at `buf`) and at `control`, all alive and
+    // writable for the call, with their true lengths.
+    let n = unsafe {
+        libc::recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    let n = Errno::result(n).map_err(RecvError::Os)? as usize;
     let mut fds = Vec::new();
-    if let Ok(cmsgs) = msg.cmsgs() {
-        for c in cmsgs {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for fd in raw {
-                    // SAFETY: the kernel just installed these descriptors in our table for this
-                    // message (SCM_RIGHTS); nothing else owns them, so taking ownership is sound.
-                    fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-                }
+    // SAFETY: `msg` was filled by recvmsg: msg_control/msg_controllen describe the control data
+    // the kernel wrote into `control` (still alive), so CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it.
+    // On truncation the kernel sets each cmsg_len to the descriptors it actually installed.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !c.is_null() {
+        // SAFETY: `c` is a non-null header inside `control` (see above).
+        let hdr = unsafe { &*c };
+        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN(0) only computes a size.
+            let header = unsafe { libc::CMSG_LEN(0) } as usize;
+            let count = (hdr.cmsg_len as usize).saturating_sub(header) / INT;
+            // SAFETY: CMSG_DATA points just after this header, inside `control`.
+            let data = unsafe { libc::CMSG_DATA(c) }.cast::<RawFd>();
+            for i in 0..count {
+                // SAFETY: `i < count` descriptors follow the header (cmsg_len says so); the data
+                // may be unaligned, hence read_unaligned.
+                let fd = unsafe { data.add(i).read_unaligned() };
+                // SAFETY: the kernel just installed this descriptor in our table for this
+                // message (SCM_RIGHTS); nothing else owns it, so taking ownership is sound.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
+        // SAFETY: `msg` and `c` are as above; CMSG_NXTHDR returns null past the end.
+        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
     }
-    Ok((msg.bytes, fds))
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // Dropping `fds` closes every descriptor that was installed.
+        drop(fds);
+        return Err(RecvError::TooManyFds);
+    }
+    Ok((n, fds))
+}
+
+/// Waits up to `timeout` for one of the signals in `set` (blocked in every thread), consuming
+/// it: Ok(None) when none came in time.
+pub fn wait_signal(
+    set: &nix::sys::signal::SigSet,
+    timeout: std::time::Duration,
+) -> Result<Option<SigNo>, Errno> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    // SAFETY: `set` is a valid sigset_t and `ts` a valid timespec, both alive for the call; a
+    // null siginfo pointer is allowed.
+    let rc = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    match Errno::result(rc) {
+        Ok(signo) => Ok(Some(signo)),
+        Err(Errno::EAGAIN) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Sends `bytes` with `fd` attached as SCM_RIGHTS (blocking socket); returns bytes sent.
@@ -245,4 +317,62 @@ pub fn exit_now(code: i32) -> ! {
     // handlers, which is the intent (see above), and leaves no memory of ours in a bad state
     // because the process is gone.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+
+    /// Sends `count` copies of `fd` in one message with one byte.
+    fn send_copies(sock: &UnixStream, fd: &OwnedFd, count: usize) {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let fds = vec![fd.as_raw_fd(); count];
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        let iov = [std::io::IoSlice::new(b"x")];
+        sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).unwrap();
+    }
+
+    /// Whether every copy of a pipe's write end is closed: its read end (non-blocking) then reads
+    /// end of file. A descriptor leaked anywhere in this process would keep the pipe open.
+    fn write_end_closed(read: &OwnedFd) -> bool {
+        let mut b = [0u8; 1];
+        matches!(nix::unistd::read(read, &mut b), Ok(0))
+    }
+
+    #[test]
+    fn too_many_descriptors_are_all_closed_and_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        send_copies(&a, &write, MAX_FDS * 3);
+        drop(write);
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            recv_with_fds(b.as_fd(), &mut buf).err(),
+            Some(RecvError::TooManyFds),
+            "a message with more descriptors than MAX_FDS must be refused"
+        );
+        assert!(
+            write_end_closed(&read),
+            "every descriptor installed from the truncated message must be closed"
+        );
+    }
+
+    #[test]
+    fn descriptors_within_the_limit_are_received_open() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        send_copies(&a, &write, MAX_FDS);
+        drop(write);
+        let mut buf = [0u8; 16];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, fds.len()), (1, MAX_FDS));
+        assert!(
+            !write_end_closed(&read),
+            "the received copies keep the pipe open"
+        );
+        drop(fds);
+        assert!(write_end_closed(&read), "dropping them closes them");
+    }
 }

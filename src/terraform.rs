@@ -88,7 +88,19 @@ impl Invocation {
     }
 
     /// Whether this command acquires the state lock (and so needs a lock-owner record).
+    ///
+    /// `init` counts whatever `-lock` says (only `-backend=false` keeps it off the backend): a
+    /// remote backend's StateMgr takes the lock to create a workspace's missing state (Operation
+    /// `init`) and ignores -lock, and tfinit cannot know the backend before the first init.
     pub fn takes_lock(&self, args: &[String]) -> bool {
+        if self.subcommand == "init" {
+            return !args.iter().any(|a| {
+                a.strip_prefix("--")
+                    .or_else(|| a.strip_prefix('-'))
+                    .and_then(|o| o.strip_prefix("backend="))
+                    .is_some_and(go_false)
+            });
+        }
         if !LOCKING.contains(&self.subcommand.as_str()) {
             return false;
         }
@@ -105,6 +117,11 @@ impl Invocation {
             None => cwd.to_path_buf(),
         }
     }
+}
+
+/// Whether Go's flag package reads `v` as false (strconv.ParseBool).
+fn go_false(v: &str) -> bool {
+    matches!(v, "0" | "f" | "F" | "false" | "FALSE" | "False")
 }
 
 /// argv with the values of -var, -var-file, -backend-config and secret-looking `KEY=VALUE`
@@ -268,8 +285,18 @@ mod tests {
         assert!(Invocation::parse(&a).takes_lock(&a));
         let a = s(&["apply", "-lock=false"]);
         assert!(!Invocation::parse(&a).takes_lock(&a));
+        // init may take the lock (to create a missing state), -lock=false or not.
         for c in [
             &["init"][..],
+            &["init", "-lock=false"],
+            &["-chdir=x", "init", "-input=false", "-backend=true"],
+        ] {
+            let a = s(c);
+            assert!(Invocation::parse(&a).takes_lock(&a), "{c:?}");
+        }
+        for c in [
+            &["init", "-backend=false"][..],
+            &["init", "--backend=0"],
             &["output", "-json"],
             &["show"],
             &["version"],

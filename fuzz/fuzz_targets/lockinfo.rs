@@ -133,7 +133,7 @@ fuzz_target!(|data: &[u8]| {
         match parse_probe(backend, exited_zero, &text) {
             // The probe's verdict agrees with the block parser: held exactly when a block parses
             // (but for gcs's dummy block of a missing lock, which means free).
-            Probe::Held(i) => {
+            Probe::Held(i) | Probe::HeldStateMissing(i) => {
                 assert_eq!(Some(&i), parsed.as_ref());
                 assert!(
                     !(backend == "gcs" && i.id == GCS_NO_LOCK_ID),

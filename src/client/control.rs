@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::init::setup::socket_path;
-use crate::locks::record::Store;
 use crate::locks::recover::{self, Outcome, Recovery};
+use crate::locks::store::FileStore;
 use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
@@ -176,7 +176,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
             return 2;
         }
     };
-    let store = Store::new(&cfg.state_dir);
+    let store = FileStore::new(&cfg.state_dir);
     if !store.dir().is_dir() {
         eprintln!(
             "tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover",
@@ -186,11 +186,13 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
     }
     let me = recover::current_owner(&store, &cfg.owner, cfg.owner_ttl);
     let recovery = Recovery {
-        store,
+        store: Box::new(store),
         me,
         ttl: cfg.owner_ttl,
         terraform,
         dry_run,
+        live: Vec::new(),
+        automatic: false,
     };
     let results = match recovery.run(None) {
         Ok(r) => r,
@@ -246,6 +248,18 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
                 failed = true;
                 format!("force-unlock failed: {m}; record kept")
             }
+            Outcome::NeedsPerson(i, command) => {
+                failed = true;
+                format!(
+                    "NEEDS A PERSON: lock {} (Who {}, Operation {}) is the dead run's, but workspace {} has no state, so terraform cannot release it. Run: {command} ; then `tfinit recover` again. Restore the state or import the workspace's resources before the next apply creates them again; record kept",
+                    i.id, i.who, i.operation, rec.workspace
+                )
+            }
+            // Only the init's automatic recovery skips a reported record.
+            Outcome::WaitingForPerson => {
+                failed = true;
+                "needs a person (reported before); record kept".to_string()
+            }
         };
         let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
             String::new()
@@ -284,6 +298,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
     let mut state_dir = None;
     let mut owner = None;
     let mut ttl_ms = None;
+    let mut live = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().cloned();
@@ -295,6 +310,11 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
                 owner = v.and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
             }
             Some("--ttl-ms") => ttl_ms = v.and_then(|s| s.to_string_lossy().parse::<u64>().ok()),
+            Some("--live-json") => {
+                live = v
+                    .and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
+                    .unwrap_or_default()
+            }
             _ => {}
         }
     }
@@ -305,11 +325,13 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
         return 2;
     };
     let recovery = Recovery {
-        store: Store::new(std::path::Path::new(&state_dir)),
+        store: Box::new(FileStore::new(std::path::Path::new(&state_dir))),
         me,
         ttl: Duration::from_millis(ttl_ms),
         terraform: terraform.into(),
         dry_run: false,
+        live,
+        automatic: true,
     };
     let results = match recovery.run(Some(std::path::Path::new(&workdir))) {
         Ok(r) => r,
@@ -318,9 +340,12 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             return 1;
         }
     };
-    let bad = results
-        .iter()
-        .any(|(_, _, o)| matches!(o, Outcome::Unknown(_) | Outcome::UnlockFailed(_)));
+    let bad = results.iter().any(|(_, _, o)| {
+        matches!(
+            o,
+            Outcome::Unknown(_) | Outcome::UnlockFailed(_) | Outcome::NeedsPerson(..)
+        )
+    });
     if bad {
         1
     } else {

@@ -91,15 +91,21 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
         kv.push(&v);
         env.push(utf8("environment variable", &kv)?);
     }
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| utf8("argument", a))
+        .collect::<Result<_, _>>()?;
+    // Read here, in the shim's own process: the init's loop never reads in a working directory
+    // (a hung volume there would stall it).
+    let workdir = terraform::Invocation::parse(&args).workdir(&cwd);
+    let workspace = crate::locks::stored_workspace(&env, &workdir);
     Ok(RunRequest {
         program: utf8("path", program.as_os_str())?,
         argv0: utf8("argv[0]", argv0)?,
-        args: args
-            .iter()
-            .map(|a| utf8("argument", a))
-            .collect::<Result<_, _>>()?,
+        args,
         cwd: utf8("working directory", cwd.as_os_str())?,
         env,
+        workspace,
     })
 }
 

@@ -1,12 +1,25 @@
 //! The init: set-up, the controller, and the event loop that supervises it and terraform runs.
 
+pub mod conn;
 pub mod event_loop;
+pub mod finish;
+pub mod forward;
+pub mod launch;
+pub mod plain;
 pub mod reaper;
+pub mod reaping;
+pub mod records;
+pub mod relay;
 pub mod runs;
 pub mod server;
 pub mod setup;
+pub mod shim_events;
 pub mod shutdown;
 pub mod spawn;
+pub mod state;
+pub mod stop;
+pub mod timers;
+pub mod token;
 
 use std::ffi::OsString;
 
@@ -37,22 +50,19 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
         }
     };
     tracing::info!(pid = main_pid.as_raw(), command = ?command, "controller started");
-    // After the controller's start: opening the state directory fsyncs a probe file and this
-    // owner's record (milliseconds on a network volume), and nothing before the loop needs it.
-    // Shims that connect meanwhile wait in the socket's backlog until the loop serves them.
-    let locks = crate::locks::Locks::open(
-        &cfg.state_dir,
-        crate::locks::record::Owner::current(&cfg.owner, cfg.pod_uid.clone()),
-        cfg.owner_ttl,
-        cfg.force_unlock,
-    );
+    // Lock-owner records: the recorder thread opens the state directory beside the loop (a
+    // network volume may take seconds, or hang), so the loop runs at once; state-locking runs
+    // wait in `recording` for the store, at most TFINIT_RECORD_TIMEOUT.
+    let (recorder, book) = records::start(&cfg);
     // The loop: never exits on a runtime error.
-    match event_loop::Init::new(cfg, mode, signals, listener, locks, main_pid) {
+    let (forward, rewrite) = (cfg.forward, cfg.rewrite.clone());
+    match state::Init::new(cfg, mode, signals, listener, recorder, book, main_pid) {
         Ok(init) => init.run(),
         Err(e) => {
-            // Without epoll we cannot supervise; keep reaping the plain way until the child exits.
+            // Without epoll we cannot supervise runs; keep forwarding and reaping the plain way
+            // until the child exits.
             tracing::error!(error = %e, "cannot create the event loop; falling back to plain waiting");
-            event_loop::wait_plain(main_pid)
+            plain::wait_plain(main_pid, forward, &rewrite)
         }
     }
 }

@@ -3,89 +3,17 @@
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 use nix::sys::socket::{getsockopt, sockopt};
-use nix::unistd::Pid;
 
-use super::event_loop::{Init, HIGH_WATER};
-use crate::locks::Locks;
-use crate::protocol::{
-    self, Decoder, Envelope, ExitNote, Kind, Reply, Request, RunRequest, SignalNote,
-};
-
-const KIND_CONN: u64 = 1;
-
-/// A client connection.
-#[derive(Debug)]
-pub struct Conn {
-    sock: UnixStream,
-    decoder: Decoder,
-    out: Vec<u8>,
-    sent: usize,
-    /// The run this connection asked for.
-    pub run: Option<u64>,
-    /// A file descriptor passed with the request (the shim's stdin).
-    stdin: Option<OwnedFd>,
-    /// Whether the request was handled (any later request is a protocol error).
-    requested: bool,
-    /// Close once everything queued is written.
-    closing: bool,
-    /// Whether EPOLLOUT is in the interest set.
-    want_write: bool,
-}
-
-impl Conn {
-    /// Bytes queued and not yet written.
-    pub fn queued(&self) -> usize {
-        self.out.len() - self.sent
-    }
-
-    /// Queues one frame.
-    pub fn queue_frame(&mut self, kind: Kind, payload: &[u8]) {
-        if self.sent > 0 && self.sent == self.out.len() {
-            self.out.clear();
-            self.sent = 0;
-        }
-        protocol::encode(kind, payload, &mut self.out);
-    }
-
-    fn queue_json<T: serde::Serialize>(&mut self, kind: Kind, v: &T) {
-        let body = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
-        self.queue_frame(kind, &body);
-    }
-
-    /// Writes what it can; Err only for a dead peer.
-    fn write_some(&mut self) -> io::Result<()> {
-        while self.sent < self.out.len() {
-            match (&self.sock).write(&self.out[self.sent..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.sent += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        if self.sent == self.out.len() {
-            self.out.clear();
-            self.sent = 0;
-        } else if self.sent >= (64 << 10) && self.sent * 2 >= self.out.len() {
-            // Reclaim the written prefix once it is as large as what is left: under a steady
-            // stream the buffer never empties, and would otherwise grow far past the high-water
-            // mark. Each byte is moved at most once on average.
-            self.out.drain(..self.sent);
-            self.sent = 0;
-        }
-        Ok(())
-    }
-}
-
-fn conn_token(id: u64) -> u64 {
-    (id << 8) | KIND_CONN
-}
+use super::conn::{Conn, FlushError, HIGH_WATER};
+use super::state::Init;
+use super::token;
+use crate::protocol::{self, Envelope, ExitNote, Kind, Reply, Request, RunRequest, SignalNote};
+use crate::sys::{self, RecvError};
 
 impl Init {
     /// Accepts every pending client. A peer of another uid (not root) is answered with an error and
@@ -143,25 +71,12 @@ impl Init {
             let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
             if let Err(e) = self
                 .epoll
-                .add(sock.as_fd(), EpollEvent::new(flags, conn_token(id)))
+                .add(sock.as_fd(), EpollEvent::new(flags, token::conn(id)))
             {
                 tracing::warn!(error = %e, "cannot watch a client socket; client dropped");
                 continue;
             }
-            self.conns.insert(
-                id,
-                Conn {
-                    sock,
-                    decoder: Decoder::default(),
-                    out: Vec::new(),
-                    sent: 0,
-                    run: None,
-                    stdin: None,
-                    requested: false,
-                    closing: false,
-                    want_write: false,
-                },
-            );
+            self.conns.insert(id, Conn::new(id, sock));
         }
     }
 
@@ -187,7 +102,7 @@ impl Init {
             let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
-            match crate::sys::recv_with_fds(conn.sock.as_fd(), &mut buf) {
+            match sys::recv_with_fds(conn.sock.as_fd(), &mut buf) {
                 Ok((0, _)) => {
                     self.close_conn(id, "peer closed");
                     return;
@@ -204,10 +119,17 @@ impl Init {
                         return;
                     }
                 }
-                Err(Errno::EAGAIN) => return,
-                Err(Errno::EINTR) => continue,
-                Err(e) => {
+                Err(RecvError::Os(Errno::EAGAIN)) => return,
+                Err(RecvError::Os(Errno::EINTR)) => continue,
+                Err(RecvError::Os(e)) => {
                     self.close_conn(id, &format!("read failed: {e}"));
+                    return;
+                }
+                Err(RecvError::TooManyFds) => {
+                    self.protocol_error(
+                        id,
+                        &format!("a message carried more than {} file descriptors (all were closed): the shim passes only its stdin; use the tfinit binary of the init as the shim", sys::MAX_FDS),
+                    );
                     return;
                 }
             }
@@ -282,6 +204,9 @@ impl Init {
                         runs = self.runs.len(),
                         "draining: new terraform runs are refused until `tfinit resume`"
                     );
+                    self.refuse_waiting(
+                        "draining (tfinit drain; `tfinit resume` accepts runs again)",
+                    );
                 }
                 self.reply(id, true, None);
             }
@@ -302,6 +227,8 @@ impl Init {
     }
 
     fn reply(&mut self, id: u64, ok: bool, error: Option<String>) {
+        // The heartbeat's age as of the recorder's latest (quiet) news.
+        self.on_recorder();
         let status = self.status();
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
@@ -348,11 +275,10 @@ impl Init {
         );
         if let Some(c) = self.conns.get_mut(&id) {
             // Read nothing more from it.
-            let _ = self.epoll.modify(
-                c.sock.as_fd(),
-                &mut EpollEvent::new(EpollFlags::EPOLLOUT, conn_token(id)),
-            );
-            c.want_write = true;
+            if let Err(e) = c.stop_reading(&self.epoll) {
+                tracing::warn!(conn = id, error = %e, "cannot stop reading a client socket; closing it");
+                self.close_conn(id, &e.to_string());
+            }
         }
     }
 
@@ -361,26 +287,19 @@ impl Init {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        if let Err(e) = conn.write_some() {
-            self.close_conn(id, &format!("write failed: {e}"));
-            return;
-        }
-        let queued = conn.queued();
+        let queued = match conn.flush(&self.epoll) {
+            Ok(q) => q,
+            Err(e) => {
+                if let FlushError::Watch(_) = e {
+                    tracing::warn!(conn = id, error = %e, "cannot change what is watched on a client socket; closing it");
+                }
+                self.close_conn(id, &e.to_string());
+                return;
+            }
+        };
         if queued == 0 && conn.closing {
             self.close_conn(id, "done");
             return;
-        }
-        let want = queued > 0;
-        if want != conn.want_write {
-            conn.want_write = want;
-            let mut flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
-            if want {
-                flags |= EpollFlags::EPOLLOUT;
-            }
-            let _ = self.epoll.modify(
-                conn.sock.as_fd(),
-                &mut EpollEvent::new(flags, conn_token(id)),
-            );
         }
         if queued < HIGH_WATER / 2 {
             if let Some(run) = conn.run {
@@ -399,13 +318,6 @@ impl Init {
             self.detach(run);
         }
     }
-
-    /// On exit: one last non-blocking attempt to deliver queued frames (exit codes) to shims.
-    pub(super) fn flush_all_best_effort(&mut self) {
-        for conn in self.conns.values_mut() {
-            let _ = conn.write_some();
-        }
-    }
 }
 
 fn validate_run(r: &RunRequest) -> Result<(), String> {
@@ -419,43 +331,4 @@ fn validate_run(r: &RunRequest) -> Result<(), String> {
         return Err("argv0 is empty".into());
     }
     Ok(())
-}
-
-/// Starts the lock-recovery helper for `workdir` (this binary, hidden subcommand), with the run's
-/// environment (backend credentials) and working directory, in its own process group.
-pub fn spawn_recovery(req: &RunRequest, locks: &Locks, workdir: &Path) -> io::Result<Pid> {
-    let store = locks
-        .store
-        .as_ref()
-        .ok_or_else(|| io::Error::other("no state directory"))?;
-    let owner_json = serde_json::to_string(&locks.owner).map_err(io::Error::other)?;
-    let mut cmd = std::process::Command::new("/proc/self/exe");
-    std::os::unix::process::CommandExt::arg0(&mut cmd, "tfinit");
-    cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
-        .arg("--workdir")
-        .arg(workdir)
-        .arg("--terraform")
-        .arg(&req.program)
-        .arg("--state-dir")
-        .arg(store.dir())
-        .arg("--owner-json")
-        .arg(owner_json)
-        .arg("--ttl-ms")
-        .arg(locks.ttl.as_millis().to_string())
-        .current_dir(&req.cwd)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::inherit())
-        .stderr(std::process::Stdio::inherit());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    crate::sys::child_defaults(&mut cmd);
-    super::spawn::set_env(&mut cmd, &req.env);
-    // Its logs go to the container log in the init's format.
-    for k in ["TFINIT_LOG", "TFINIT_LOG_FORMAT"] {
-        if let Some(v) = std::env::var_os(k) {
-            cmd.env(k, v);
-        }
-    }
-    let child = cmd.spawn()?;
-    Ok(Pid::from_raw(child.id() as i32))
 }

@@ -7,10 +7,13 @@ use std::ffi::OsString;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use nix::unistd::Pid;
 
+use crate::locks::book::LiveRun;
+use crate::locks::record::Owner;
 use crate::protocol::RunRequest;
 use crate::sys;
 
@@ -78,33 +81,118 @@ pub struct Started {
     pub stderr: OwnedFd,
 }
 
+/// Why terraform was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Our read end of an output pipe could not be made non-blocking (a blocking pipe would hang
+    /// the loop), so terraform was not started.
+    #[error(
+        "cannot make the read end of terraform's output pipe non-blocking (fcntl O_NONBLOCK): {0}"
+    )]
+    NonBlocking(io::Error),
+    /// Creating a pipe or starting the process failed.
+    #[error("{0}")]
+    Spawn(io::Error),
+}
+
+/// One output pipe: our read end (close-on-exec, non-blocking, made so before terraform exists)
+/// and terraform's write end (blocking, as any program expects its stdout to be).
+fn output_pipe() -> Result<(OwnedFd, OwnedFd), StartError> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (read, write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| StartError::Spawn(e.into()))?;
+    let flags = fcntl(&read, FcntlArg::F_GETFL).map_err(|e| StartError::NonBlocking(e.into()))?;
+    fcntl(
+        &read,
+        FcntlArg::F_SETFL(OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK),
+    )
+    .map_err(|e| StartError::NonBlocking(e.into()))?;
+    // A bigger pipe means fewer wake-ups for large outputs (plan -json, show -json); the default
+    // size works too, so a refusal (the per-user pipe limit) is ignored.
+    let _ = fcntl(&read, FcntlArg::F_SETPIPE_SZ(1 << 20));
+    Ok((read, write))
+}
+
 /// Starts the real terraform for a shim's request, in its own process group, with the shim's
 /// argv[0], arguments, working directory and environment. `stdin` is the shim's stdin, passed
 /// over the socket; None means /dev/null.
-pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> io::Result<Started> {
+pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> Result<Started, StartError> {
+    let (out_read, out_write) = output_pipe()?;
+    let (err_read, err_write) = output_pipe()?;
     let mut cmd = Command::new(&req.program);
     cmd.arg0(&req.argv0)
         .args(&req.args)
         .current_dir(&req.cwd)
         .env_clear()
         .process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::from(out_write))
+        .stderr(Stdio::from(err_write));
     set_env(&mut cmd, &req.env);
     sys::child_defaults(&mut cmd);
     match stdin {
         Some(fd) => cmd.stdin(Stdio::from(fd)),
         None => cmd.stdin(Stdio::null()),
     };
-    let mut child = cmd.spawn()?;
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(io::Error::other("stdout/stderr pipes missing after spawn"));
-    };
+    let child = cmd.spawn().map_err(StartError::Spawn)?;
+    // Our copies of the write ends close with `cmd` here: terraform (and what it passes them
+    // to) then holds the only ones, so end of file means they are all gone.
+    drop(cmd);
     Ok(Started {
         pid: Pid::from_raw(child.id() as i32),
-        stdout: out.into(),
-        stderr: err.into(),
+        stdout: out_read,
+        stderr: err_read,
     })
+}
+
+/// What the recovery helper needs from the init besides the run's request.
+#[derive(Debug)]
+pub struct RecoveryArgs<'a> {
+    /// TFINIT_STATE_DIR.
+    pub state_dir: &'a Path,
+    /// This incarnation (its live records are never recovered).
+    pub owner: &'a Owner,
+    /// TFINIT_OWNER_TTL.
+    pub ttl: std::time::Duration,
+    /// The init's live state-locking runs, recorded or not: a lock with one's Who is left alone.
+    pub live: Vec<LiveRun>,
+}
+
+/// Starts the lock-recovery helper for `workdir` (this binary, hidden subcommand), with the run's
+/// environment (backend credentials) and working directory, in its own process group.
+pub fn recovery(req: &RunRequest, args: &RecoveryArgs, workdir: &Path) -> io::Result<Pid> {
+    let owner_json = serde_json::to_string(args.owner).map_err(io::Error::other)?;
+    let live_json = serde_json::to_string(&args.live).map_err(io::Error::other)?;
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg0("tfinit");
+    cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
+        .arg("--workdir")
+        .arg(workdir)
+        .arg("--terraform")
+        .arg(&req.program)
+        .arg("--state-dir")
+        .arg(args.state_dir)
+        .arg("--owner-json")
+        .arg(owner_json)
+        .arg("--ttl-ms")
+        .arg(args.ttl.as_millis().to_string())
+        .arg("--live-json")
+        .arg(live_json)
+        .current_dir(&req.cwd)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    cmd.process_group(0);
+    sys::child_defaults(&mut cmd);
+    set_env(&mut cmd, &req.env);
+    // Its logs go to the container log in the init's format.
+    for k in ["TFINIT_LOG", "TFINIT_LOG_FORMAT"] {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    let child = cmd.spawn()?;
+    Ok(Pid::from_raw(child.id() as i32))
 }
 
 /// Gives `cmd` the shim's environment (`KEY=VALUE` strings; an entry without a key is skipped).

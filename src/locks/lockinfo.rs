@@ -28,6 +28,10 @@ pub struct LockInfo {
 pub enum Probe {
     /// Somebody holds the lock.
     Held(LockInfo),
+    /// Somebody holds the lock, and terraform cannot load the state: it does not exist, and
+    /// creating it needs the lock (`Failed to load state: ...` with a Lock Info). No terraform
+    /// command can release such a lock, not even with its id: only the backend's own tools.
+    HeldStateMissing(LockInfo),
     /// Nobody holds it.
     Free,
     /// Could not tell (network, credentials, an unknown message): touch nothing.
@@ -85,12 +89,28 @@ pub fn plain_id(id: &str) -> bool {
         && !id.starts_with('-')
 }
 
+/// What terraform prints before the Lock Info when loading the state failed: the backend tried
+/// to lock the state to create it (it does not exist) and found the lock held.
+const STATE_LOAD_FAILED: &str = "Failed to load state:";
+
 /// Parses the probe's combined output for `backend`; `success` is whether it exited 0.
 pub fn parse_probe(backend: &str, success: bool, output: &str) -> Probe {
+    parse_probe_of(backend, None, success, output)
+}
+
+/// [`parse_probe`], knowing the name of the backend's own lock object when there is one (the
+/// kubernetes Lease `lock-tfstate-<workspace>-<suffix>`): its NotFound after the state loaded
+/// means nobody holds the lock (a person deleted the Lease). Any other NotFound (the namespace,
+/// another object) says nothing.
+pub fn parse_probe_of(backend: &str, own_lock: Option<&str>, success: bool, output: &str) -> Probe {
     let flat = super::follower::strip_ansi(output);
     if let Some(info) = parse_lock_info(&flat) {
         if backend == "gcs" && info.id == GCS_NO_LOCK_ID {
             return Probe::Free;
+        }
+        let first = flat.lines().map(str::trim).find(|l| !l.is_empty());
+        if first.is_some_and(|l| l.starts_with(STATE_LOAD_FAILED)) {
+            return Probe::HeldStateMissing(info);
         }
         return Probe::Held(info);
     }
@@ -100,17 +120,33 @@ pub fn parse_probe(backend: &str, success: bool, output: &str) -> Probe {
     {
         return Probe::Free;
     }
+    // kubernetes' Unlock reads the Lease only after the state loaded (so the namespace exists):
+    // a NotFound of exactly this Lease there means it was deleted, and so nothing holds the lock.
+    if let (Some(name), "kubernetes") = (own_lock, backend) {
+        let lease_gone =
+            format!("Failed to unlock state: leases.coordination.k8s.io {name:?} not found");
+        if flat.lines().any(|l| l.trim() == lease_gone) {
+            return Probe::Free;
+        }
+    }
     // An id that cannot match was "unlocked": the backend has no locking configured (s3
     // without dynamodb_table), so nothing can be held.
     if success && flat.contains(UNLOCKED) {
         return Probe::Free;
     }
+    Probe::Unknown(first_line(&flat))
+}
+
+/// The first non-empty line of terraform's `output`, without escape codes, at most 300
+/// characters: what a message quotes of it.
+pub fn first_line(output: &str) -> String {
+    let flat = super::follower::strip_ansi(output);
     let first = flat
         .lines()
         .map(str::trim)
         .find(|l| !l.is_empty())
         .unwrap_or("no output");
-    Probe::Unknown(first.chars().take(300).collect())
+    first.chars().take(300).collect()
 }
 
 /// Parses the first `Lock Info:` block in `output` (statemgr.LockInfo.String(): one `  Key: value`
@@ -361,6 +397,86 @@ mod tests {
             ),
             Probe::Free
         );
+    }
+
+    /// Real terraform 1.0.3 outputs against the Kubernetes API stand-in (tests/kubernetes.rs).
+    const KUBE_HELD: &str = "\x1b[31mFailed to unlock state: lock id \"00000000-0000-0000-0000-000000000000\" does not match existing lock\nLock Info:\n  ID:        75d31e9b-8f04-dfee-fda1-f3ac3c66598f\n  Path:      \n  Operation: OperationTypeApply\n  Who:       root@vm\n  Version:   1.0.3\n  Created:   2026-11-23 08:39:46.320336062 +0000 UTC\n  Info:      \n\x1b[0m\x1b[0m\n";
+    const KUBE_STATE_MISSING: &str = "\x1b[31mFailed to load state: the state is already locked by another terraform client\nLock Info:\n  ID:        11111111-2222-3333-4444-555555555555\n  Path:      \n  Operation: init\n  Who:       @pod-a\n  Version:   1.0.3\n  Created:   2026-11-23 08:39:46.320336062 +0000 UTC\n  Info:      \n\x1b[0m\x1b[0m\n";
+    const S3_STATE_MISSING: &str = "Failed to load state: failed to lock s3 state: ConditionalCheckFailedException: The conditional request failed\nLock Info:\n  ID:        11111111-2222-3333-4444-555555555555\n  Path:      tfstate/env:/feature/tfinit/terraform.tfstate\n  Operation: init\n  Who:       @pod-a\n  Version:   1.0.3\n  Created:   2026-11-23 08:39:46.320336062 +0000 UTC\n  Info:      \n\n";
+    const LEASE: &str = "lock-tfstate-default-tfinit";
+
+    #[test]
+    fn kubernetes_held_free_and_state_missing() {
+        let Probe::Held(i) = parse_probe_of("kubernetes", Some(LEASE), false, KUBE_HELD) else {
+            panic!()
+        };
+        assert_eq!(
+            (i.id.as_str(), i.path.as_str()),
+            ("75d31e9b-8f04-dfee-fda1-f3ac3c66598f", "")
+        );
+        for (backend, out) in [("kubernetes", KUBE_STATE_MISSING), ("s3", S3_STATE_MISSING)] {
+            let Probe::HeldStateMissing(i) = parse_probe_of(backend, Some(LEASE), false, out)
+            else {
+                panic!("{backend}")
+            };
+            assert_eq!((i.who.as_str(), i.operation.as_str()), ("@pod-a", "init"));
+        }
+        assert_eq!(
+            parse_probe_of(
+                "kubernetes",
+                Some(LEASE),
+                false,
+                "\x1b[31mFailed to unlock state: state is already unlocked\x1b[0m\x1b[0m\n"
+            ),
+            Probe::Free
+        );
+    }
+
+    #[test]
+    fn only_a_notfound_of_this_locks_own_lease_is_free() {
+        let gone = "\x1b[31mFailed to unlock state: leases.coordination.k8s.io \"lock-tfstate-default-tfinit\" not found\x1b[0m\x1b[0m\n";
+        assert_eq!(
+            parse_probe_of("kubernetes", Some(LEASE), false, gone),
+            Probe::Free
+        );
+        // Another Lease, no name to compare, another backend: cannot tell.
+        for (backend, name) in [
+            ("kubernetes", Some("lock-tfstate-staging-tfinit")),
+            ("kubernetes", None),
+            ("s3", Some(LEASE)),
+        ] {
+            assert!(
+                matches!(
+                    parse_probe_of(backend, name, false, gone),
+                    Probe::Unknown(_)
+                ),
+                "{backend} {name:?}"
+            );
+        }
+        // What terraform prints for a missing namespace, a Forbidden, an unreachable server, a
+        // missing Secret: never free, and the message has no escape codes.
+        for out in [
+            "\x1b[31mFailed to load state: namespaces \"tfinit\" not found\x1b[0m\x1b[0m\n",
+            "\x1b[31mFailed to unlock state: leases.coordination.k8s.io \"lock-tfstate-default-tfinit\" is forbidden: User \"system:serviceaccount:tfinit:controller\" cannot get resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"tfinit\"\x1b[0m\x1b[0m\n",
+            "\x1b[31mFailed to load state: secrets \"tfstate-default-tfinit\" is forbidden: User \"system:serviceaccount:tfinit:controller\" cannot get resource \"secrets\" in API group \"\" in the namespace \"tfinit\"\x1b[0m\x1b[0m\n",
+            "\x1b[31mFailed to load state: Get \"http://127.0.0.1:1/api/v1/namespaces/tfinit/secrets/tfstate-default-tfinit\": dial tcp 127.0.0.1:1: connect: connection refused\x1b[0m\x1b[0m\n",
+            "\x1b[31mFailed to unlock state: secrets \"tfstate-default-tfinit\" not found\x1b[0m\x1b[0m\n",
+        ] {
+            let Probe::Unknown(m) = parse_probe_of("kubernetes", Some(LEASE), false, out) else {
+                panic!("{out}")
+            };
+            assert!(!m.contains('\x1b') && m.starts_with("Failed to"), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_lines_have_no_escape_codes() {
+        assert_eq!(
+            first_line("\n\x1b[31mFailed to load state: x\x1b[0m\x1b[0m\nLock Info:\n"),
+            "Failed to load state: x"
+        );
+        assert_eq!(first_line(""), "no output");
+        assert_eq!(first_line(&"é".repeat(400)).chars().count(), 300);
     }
 
     #[test]

@@ -4,156 +4,115 @@
 //! a state-locking run in a directory with a dead owner's record, a recovery helper probes the lock
 //! and releases it only when terraform's own Lock Info proves the dead owner holds it.
 
+pub mod book;
 pub mod follower;
 pub mod lockinfo;
 pub mod record;
+pub mod recorder;
 pub mod recover;
+pub mod store;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use record::{Owner, Record, Store};
+use record::{Ended, Heartbeat, Owner, Record};
+use store::Store;
 
-/// How long the heartbeat of an owner without records is kept after it went silent.
-const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-/// The init's side of lock-owner records: the store (when usable), who we are, the heartbeat timer.
-#[derive(Debug)]
-pub struct Locks {
-    /// The state directory, when usable.
-    pub store: Option<Store>,
-    /// This incarnation.
+/// What the liveness rules read of a record: its owner, its last write and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    /// Who ran it.
     pub owner: Owner,
-    /// Heartbeat age after which an owner is dead.
-    pub ttl: Duration,
-    /// Whether automatic force-unlock is on.
-    pub auto_unlock: bool,
-    next_heartbeat: Instant,
-    /// Whether the last heartbeat failed (warn once per failure streak, not every period).
-    heartbeat_failing: bool,
+    /// Its last write, ms since the epoch.
+    pub updated_ms: u64,
+    /// Set when the init saw terraform die.
+    pub ended: Option<Ended>,
+    /// The incarnation that reported the record as needing a person, if one did.
+    pub needs_person_by: Option<String>,
 }
 
-impl Locks {
-    /// Opens the state directory; an unusable one gives one warning and disables records.
-    pub fn open(dir: &Path, owner: Owner, ttl: Duration, auto_unlock: bool) -> Locks {
-        let store = Store::new(dir);
-        let store = match store.prepare().and_then(|()| store.heartbeat(&owner)) {
-            Ok(()) => {
-                tracing::info!(state_dir = %dir.display(), owner = %owner.name, incarnation = %owner.incarnation(), "lock-owner records enabled");
-                // Unreadable records are set aside now, so each is reported once.
-                let records = store.sweep();
-                store.prune_heartbeats(&records, &owner, HEARTBEAT_RETENTION.max(ttl));
-                let stale = records
-                    .iter()
-                    .filter(|(_, r)| run_dead(&store, &owner, r, ttl).is_some())
-                    .count();
-                if stale > 0 {
-                    tracing::info!(
-                        records = stale,
-                        auto = auto_unlock,
-                        "lock-owner records of dead owners found: each is checked before the next state-locking run in its directory{}",
-                        if auto_unlock { "" } else { " (TFINIT_FORCE_UNLOCK=off: run `tfinit recover` by hand)" }
-                    );
-                }
-                Some(store)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    state_dir = %dir.display(),
-                    error = %e,
-                    "TFINIT_STATE_DIR is not usable: tfinit keeps working without lock-owner records, so a \
-                     state lock left by this pod's death will not be released automatically. Mount a \
-                     writable volume there (emptyDir for container restarts, a PVC for pod replacement) \
-                     or set TFINIT_STATE_DIR to one"
-                );
-                None
-            }
-        };
-        Locks {
-            store,
-            owner,
-            ttl,
-            auto_unlock,
-            next_heartbeat: Instant::now() + ttl / 3,
-            heartbeat_failing: false,
+impl Facts {
+    /// The facts of `rec`.
+    pub fn of(rec: &Record) -> Facts {
+        Facts {
+            owner: rec.owner.clone(),
+            updated_ms: rec.updated_ms,
+            ended: rec.ended.clone(),
+            needs_person_by: rec.needs_person.as_ref().map(|n| n.reported_by.clone()),
         }
-    }
-
-    /// When the heartbeat is next due.
-    pub fn next_heartbeat(&self) -> Option<Instant> {
-        self.store.as_ref().map(|_| self.next_heartbeat)
-    }
-
-    /// Refreshes the heartbeat if due.
-    pub fn tick(&mut self, now: Instant) {
-        let Some(store) = &self.store else { return };
-        if now < self.next_heartbeat {
-            return;
-        }
-        self.next_heartbeat = now + self.ttl / 3;
-        match store.heartbeat(&self.owner) {
-            Ok(()) => {
-                if std::mem::replace(&mut self.heartbeat_failing, false) {
-                    tracing::info!(state_dir = %store.dir().display(), "heartbeat refreshed again");
-                }
-            }
-            Err(e) => {
-                if !std::mem::replace(&mut self.heartbeat_failing, true) {
-                    tracing::warn!(state_dir = %store.dir().display(), error = %e, "cannot refresh the heartbeat; other pods may take this owner for dead after TFINIT_OWNER_TTL and release its locks");
-                }
-            }
-        }
-    }
-
-    /// Whether `workdir` has a record of a dead owner or a killed run (so a recovery must run
-    /// before terraform).
-    pub fn needs_recovery(&self, workdir: &Path) -> bool {
-        let Some(store) = &self.store else {
-            return false;
-        };
-        if !self.auto_unlock {
-            return false;
-        }
-        store.list().into_iter().any(|f| match f {
-            record::Found::Record(_, r) => {
-                Path::new(&r.workdir) == workdir
-                    && run_dead(store, &self.owner, &r, self.ttl).is_some()
-            }
-            _ => false,
-        })
     }
 }
 
-/// Why a record's run is over, or None when it may still run (then its lock is never touched).
+/// [`run_dead_at`] now, with the owner's heartbeat read from `store`.
+pub fn run_dead(store: &dyn Store, me: &Owner, rec: &Record, ttl: Duration) -> Option<String> {
+    let hb = store.read_heartbeat(&rec.owner.name);
+    run_dead_at(me, &Facts::of(rec), hb.as_ref(), ttl, record::now_ms())
+}
+
+/// [`last_alive_ms_at`] with the owner's heartbeat read from `store`.
+pub fn last_alive_ms(store: &dyn Store, me: &Owner, rec: &Record, ttl: Duration) -> u64 {
+    let hb = store.read_heartbeat(&rec.owner.name);
+    last_alive_ms_at(me, &Facts::of(rec), hb.as_ref(), ttl)
+}
+
+/// Whether the init's automatic recovery should look at a record before a run in its directory:
+/// its run is over, and it is not a record this incarnation already reported as needing a person
+/// (that lock cannot be released by terraform; probing again would only repeat the error).
+pub fn wants_recovery_at(
+    me: &Owner,
+    rec: &Facts,
+    hb: Option<&Heartbeat>,
+    ttl: Duration,
+    now_ms: u64,
+) -> bool {
+    run_dead_at(me, rec, hb, ttl, now_ms).is_some()
+        && rec.needs_person_by.as_deref() != Some(me.incarnation().as_str())
+}
+
+/// Why a record's run is over at `now_ms`, or None when it may still run (then its lock is never
+/// touched). `hb` is the heartbeat of the record's owner name, as last read.
 ///
 /// Over: terraform was seen dying (`ended`), or its owner is dead (see [`owner_dead`]).
-pub fn run_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Option<String> {
+pub fn run_dead_at(
+    me: &Owner,
+    rec: &Facts,
+    hb: Option<&Heartbeat>,
+    ttl: Duration,
+    now_ms: u64,
+) -> Option<String> {
     if let Some(end) = &rec.ended {
         return Some(format!(
             "its terraform ended ({}) and may have left its lock",
             end.how
         ));
     }
-    owner_dead(store, me, rec, ttl)
+    owner_dead_at(me, rec, hb, ttl, now_ms)
 }
 
-/// Why a record's owner is dead, or None when it may be alive.
+/// Why a record's owner is dead at `now_ms` given its name's heartbeat `hb`, or None when it may be
+/// alive.
 ///
 /// Dead: the record is from an earlier incarnation of our own name (the same name runs once),
 /// unless another incarnation of that name refreshed its heartbeat since we started (two live
 /// owners share a name: a misconfiguration, and then nothing is dead); its name's heartbeat
 /// belongs to a later incarnation (it restarted); or its heartbeat is older than the TTL (or
 /// missing, while the record itself is older than the TTL).
-pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Option<String> {
+pub fn owner_dead_at(
+    me: &Owner,
+    rec: &Facts,
+    hb: Option<&Heartbeat>,
+    ttl: Duration,
+    now_ms: u64,
+) -> Option<String> {
+    let age = |ms: u64| Duration::from_millis(now_ms.saturating_sub(ms));
     if rec.owner.same_incarnation(me) {
         return None;
     }
-    let hb = store.read_heartbeat(&rec.owner.name);
     if rec.owner.name == me.name {
-        if let Some(hb) = &hb {
+        if let Some(hb) = hb {
             if !hb.owner.same_incarnation(me)
                 && hb.updated_ms > me.started_ms
-                && record::age(hb.updated_ms) <= ttl
+                && age(hb.updated_ms) <= ttl
             {
                 tracing::warn!(
                     owner = %me.name, other = %hb.owner.incarnation(), me = %me.incarnation(),
@@ -178,7 +137,7 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
             }
             // A heartbeat older than the record's incarnation: that incarnation never wrote
             // one (its directory was not writable then?). Judge by age, like a missing one.
-            let age = record::age(rec.updated_ms.max(hb.updated_ms));
+            let age = age(rec.updated_ms.max(hb.updated_ms));
             (age > ttl).then(|| {
                 format!(
                     "it has no heartbeat of its own and nothing of it is newer than {}s",
@@ -187,7 +146,7 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
             })
         }
         Some(hb) => {
-            let age = record::age(hb.updated_ms);
+            let age = age(hb.updated_ms);
             (age > ttl).then(|| {
                 format!(
                     "its heartbeat is {}s old (TFINIT_OWNER_TTL is {}s)",
@@ -197,7 +156,7 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
             })
         }
         None => {
-            let age = record::age(rec.updated_ms);
+            let age = age(rec.updated_ms);
             (age > ttl).then(|| {
                 format!(
                     "it has no heartbeat and the record is {}s old",
@@ -211,8 +170,9 @@ pub fn owner_dead(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> Opt
 /// The latest moment a dead run could have taken a lock, ms since the epoch: a lock created later
 /// than this (plus clock skew) is not that run's. From what the state directory proves: when the
 /// init saw terraform die; the owner's last heartbeat plus one TTL (it may have lived that long
-/// unseen); the start of the incarnation that replaced it; and the record's own last write.
-pub fn last_alive_ms(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> u64 {
+/// unseen); the start of the incarnation that replaced it; and the record's own last write. `hb` is
+/// the heartbeat of the record's owner name.
+pub fn last_alive_ms_at(me: &Owner, rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 {
     if let Some(end) = &rec.ended {
         return end.ms;
     }
@@ -221,7 +181,7 @@ pub fn last_alive_ms(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> 
         // An earlier incarnation of ours was gone before this one started.
         return me.started_ms.max(rec.updated_ms);
     }
-    match store.read_heartbeat(&rec.owner.name) {
+    match hb {
         Some(hb) if hb.owner.same_incarnation(&rec.owner) => {
             hb.updated_ms.max(rec.updated_ms).saturating_add(ttl_ms)
         }
@@ -233,15 +193,16 @@ pub fn last_alive_ms(store: &Store, me: &Owner, rec: &Record, ttl: Duration) -> 
     }
 }
 
-/// The terraform workspace a run with `args` and environment `env` works on in `workdir`:
-/// `workspace new|delete NAME` lock NAME's state; otherwise $TF_WORKSPACE, else the workspace
-/// `terraform workspace select` stored in the data directory, else `default`.
-pub fn workspace_of(args: &[String], subcommand: &str, env: &[String], workdir: &Path) -> String {
-    let get = |k: &str| {
-        env.iter()
-            .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
-            .filter(|v| !v.is_empty())
-    };
+/// The terraform workspace a run with `args` and environment `env` works on:
+/// `workspace new|delete NAME` lock NAME's state; otherwise $TF_WORKSPACE, else `stored` (the
+/// workspace `terraform workspace select` stored in the data directory, which the shim reads and
+/// sends: see [`stored_workspace`]), else `default`. Pure: reads no file.
+pub fn workspace_of(
+    args: &[String],
+    subcommand: &str,
+    env: &[String],
+    stored: Option<&str>,
+) -> String {
     if subcommand == "workspace new" || subcommand == "workspace delete" {
         let verb = subcommand.trim_start_matches("workspace ");
         let name = args
@@ -254,27 +215,50 @@ pub fn workspace_of(args: &[String], subcommand: &str, env: &[String], workdir: 
             return n.clone();
         }
     }
-    if let Some(w) = get("TF_WORKSPACE").filter(|w| record::valid_workspace(w)) {
+    if let Some(w) = env_value(env, "TF_WORKSPACE").filter(|w| record::valid_workspace(w)) {
         return w.to_string();
     }
-    let data_dir = get("TF_DATA_DIR").unwrap_or(".terraform");
-    let stored = std::fs::read_to_string(workdir.join(data_dir).join("environment"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    if record::valid_workspace(&stored) {
-        stored
-    } else {
-        "default".to_string()
+    match stored.filter(|w| record::valid_workspace(w)) {
+        Some(w) => w.to_string(),
+        None => "default".to_string(),
     }
+}
+
+/// The workspace stored in the data directory of `workdir` (`$TF_DATA_DIR/environment`, default
+/// `.terraform/environment`), if there is a valid one. Reads a file in a working directory: only
+/// the shim calls it, in its own process, never the init's loop.
+pub fn stored_workspace(env: &[String], workdir: &Path) -> Option<String> {
+    let data_dir = env_value(env, "TF_DATA_DIR").unwrap_or(".terraform");
+    let stored = std::fs::read_to_string(workdir.join(data_dir).join("environment")).ok()?;
+    let stored = stored.trim();
+    record::valid_workspace(stored).then(|| stored.to_string())
+}
+
+/// The non-empty value of `key` in `KEY=VALUE` strings.
+fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .filter(|v| !v.is_empty())
 }
 
 /// The `Who` terraform writes in its lock info for a run with environment `env`: `user@hostname`,
 /// as Go's os/user without cgo finds the user (the passwd entry of our uid, else $USER when $USER
-/// and $HOME are both set, else empty). terraform binaries are built without cgo.
+/// and $HOME are both set, else empty). terraform binaries are built without cgo. Reads
+/// /etc/passwd: never on the PID-1 loop (there, [`who_for`] with the recorder's answer).
 pub fn terraform_who(env: &[String]) -> String {
-    let uid = nix::unistd::getuid();
+    who_for(passwd_user().as_deref(), &crate::config::hostname(), env)
+}
+
+/// The passwd entry's user name of our uid, as Go's pure-Go os/user finds it (reads /etc/passwd).
+pub fn passwd_user() -> Option<String> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let user = passwd_name(&passwd, uid.as_raw()).unwrap_or_else(|| {
+    passwd_name(&passwd, nix::unistd::getuid().as_raw())
+}
+
+/// The lock's `Who` for a run with environment `env`, given our uid's passwd user name (see
+/// [`passwd_user`]) and the hostname: no I/O.
+pub fn who_for(passwd_user: Option<&str>, host: &str, env: &[String]) -> String {
+    let user = passwd_user.map(str::to_string).unwrap_or_else(|| {
         let get = |k: &str| {
             env.iter()
                 .find_map(|kv| kv.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
@@ -284,7 +268,7 @@ pub fn terraform_who(env: &[String]) -> String {
             _ => String::new(),
         }
     });
-    format!("{user}@{}", crate::config::hostname())
+    format!("{user}@{host}")
 }
 
 /// The user name of `uid` in passwd text, exactly as Go's pure-Go lookup (os/user,
@@ -338,11 +322,22 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tfinit-ws-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join(".terraform")).unwrap();
-        assert_eq!(workspace_of(&s(&["apply"]), "apply", &[], &dir), "default");
-        std::fs::write(dir.join(".terraform/environment"), "staging").unwrap();
-        assert_eq!(workspace_of(&s(&["apply"]), "apply", &[], &dir), "staging");
+        assert_eq!(stored_workspace(&[], &dir), None);
+        assert_eq!(workspace_of(&s(&["apply"]), "apply", &[], None), "default");
+        std::fs::write(dir.join(".terraform/environment"), "staging\n").unwrap();
+        let stored = stored_workspace(&[], &dir);
+        assert_eq!(stored.as_deref(), Some("staging"));
         assert_eq!(
-            workspace_of(&s(&["apply"]), "apply", &s(&["TF_WORKSPACE=prod"]), &dir),
+            workspace_of(&s(&["apply"]), "apply", &[], stored.as_deref()),
+            "staging"
+        );
+        assert_eq!(
+            workspace_of(
+                &s(&["apply"]),
+                "apply",
+                &s(&["TF_WORKSPACE=prod"]),
+                stored.as_deref()
+            ),
             "prod"
         );
         assert_eq!(
@@ -350,12 +345,24 @@ mod tests {
                 &s(&["workspace", "new", "-lock-timeout=1s", "feature"]),
                 "workspace new",
                 &s(&["TF_WORKSPACE=prod"]),
-                &dir
+                stored.as_deref()
             ),
             "feature"
         );
+        // TF_DATA_DIR moves the file; the default one is then not read.
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        std::fs::write(dir.join("data/environment"), "other").unwrap();
+        assert_eq!(
+            stored_workspace(&s(&["TF_DATA_DIR=data"]), &dir).as_deref(),
+            Some("other")
+        );
+        // A stored value that is no valid workspace name is not used, read or sent.
         std::fs::write(dir.join(".terraform/environment"), "../../etc").unwrap();
-        assert_eq!(workspace_of(&s(&["plan"]), "plan", &[], &dir), "default");
+        assert_eq!(stored_workspace(&[], &dir), None);
+        assert_eq!(
+            workspace_of(&s(&["plan"]), "plan", &[], Some("../../etc")),
+            "default"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

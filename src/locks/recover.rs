@@ -8,13 +8,19 @@
 //! record's working directory and workspace (docs/records.md has the full table):
 //! | backend                       | probe says              | action                                   |
 //! |-------------------------------|-------------------------|------------------------------------------|
+//! | not initialised (no data dir) | -                       | cannot tell: keep the record             |
 //! | local, pg (locks die with us) | -                       | remove the record                        |
 //! | consul, http, other           | - (never probed)        | warn: release by hand; record set aside  |
 //! | s3, kubernetes, azurerm, gcs  | free                    | remove the record                        |
 //! |                               | held, Who equal, Created inside the run's life, no live run with that Who here | force-unlock; warn with orphan candidates |
 //! |                               | held, and a live run here has the same Who | leave the lock; keep the record |
 //! |                               | held by anyone else     | leave the lock; remove the record        |
+//! |                               | held by the dead run, state missing (`Failed to load state`) | needs a person: no unlock (it cannot work), one error with the command that releases it; record kept, marked `needs_person` |
 //! |                               | cannot tell             | leave everything; try again next run     |
+//!
+//! kubernetes: a NotFound of the lock's own Lease (deleted by hand) is "free"; a missing namespace,
+//! Forbidden, an unreachable server stay "cannot tell". A `needs_person` record is skipped by the
+//! automatic recovery of the incarnation that reported it; `tfinit recover` probes it again.
 
 use std::fs;
 use std::io::Read;
@@ -23,7 +29,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::lockinfo::{self, LockInfo, Probe};
-use super::record::{self, Found, Owner, Record, Store};
+use super::record::{self, Found, NeedsPerson, Owner, Record};
+use super::store::{self, Aside, Store};
+use super::Facts;
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -61,6 +69,12 @@ pub enum Outcome {
     Unknown(String),
     /// The unlock itself failed: record kept.
     UnlockFailed(String),
+    /// The dead run holds the lock but terraform cannot load the state (it is missing), so no
+    /// force-unlock can release it: a person must run the command. Record kept, marked.
+    NeedsPerson(LockInfo, String),
+    /// A person was already told, by this incarnation, how to release this record's lock:
+    /// automatic recovery leaves it alone and says nothing more.
+    WaitingForPerson,
 }
 
 /// What the state directory proves about when a dead run could have taken its lock.
@@ -126,7 +140,7 @@ pub fn decide(rec: &Record, info: &LockInfo, w: &Window) -> Decision {
 /// One recovery pass.
 pub struct Recovery {
     /// The state directory.
-    pub store: Store,
+    pub store: Box<dyn Store>,
     /// The live incarnation of this owner (its running records are never recovered).
     pub me: Owner,
     /// Heartbeat TTL.
@@ -135,6 +149,12 @@ pub struct Recovery {
     pub terraform: PathBuf,
     /// Report only.
     pub dry_run: bool,
+    /// The init's live state-locking runs, recorded or not (empty for `tfinit recover`): a
+    /// lock with one's Who in its directory and workspace may be that run's.
+    pub live: Vec<super::book::LiveRun>,
+    /// The init's own recovery before a run (not `tfinit recover` by hand): it skips the records
+    /// it already reported as needing a person.
+    pub automatic: bool,
 }
 
 impl Recovery {
@@ -149,7 +169,7 @@ impl Recovery {
             Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
                 format!(
                     "another lock recovery in {} did not finish within {}s, or its lock file is unusable: {e}",
-                    self.store.dir().display(),
+                    self.store.location(),
                     LOCK_WAIT.as_secs()
                 )
             })?)
@@ -169,10 +189,10 @@ impl Recovery {
                     if self.dry_run {
                         tracing::warn!(file = %path.display(), problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
                     } else {
-                        record::set_aside_corrupt(&path, &problem);
+                        store::set_aside_corrupt(&*self.store, &path, &problem);
                     }
                 }
-                Found::Unreadable(path, e) => record::warn_unreadable(&path, &e),
+                Found::Unreadable(path, e) => store::warn_unreadable(&path, &e),
                 Found::Future(path, v) => tracing::warn!(
                     file = %path.display(), version = v, this_version = record::FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
@@ -190,12 +210,25 @@ impl Recovery {
     }
 
     fn one(&self, path: &Path, rec: &Record, all: &[(PathBuf, Record)]) -> Outcome {
-        let Some(why_dead) = super::run_dead(&self.store, &self.me, rec, self.ttl) else {
+        let Some(why_dead) = super::run_dead(&*self.store, &self.me, rec, self.ttl) else {
             return Outcome::OwnerAlive;
         };
+        if self.automatic
+            && Facts::of(rec).needs_person_by.as_deref() == Some(self.me.incarnation().as_str())
+        {
+            return Outcome::WaitingForPerson;
+        }
         let workdir = Path::new(&rec.workdir);
         let backend = backend_type(workdir);
+        let data_dir = data_dir(workdir);
         let outcome = match backend.as_deref() {
+            // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
+            // runs, in a fresh working directory): the backend is unknown, not local.
+            None if !data_dir.is_dir() => Outcome::Unknown(format!(
+                "{} is not initialised ({} does not exist): its backend is unknown until `terraform init` runs there",
+                workdir.display(),
+                data_dir.display()
+            )),
             None | Some("local") | Some("pg") => {
                 Outcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
             }
@@ -205,17 +238,28 @@ impl Recovery {
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
             match &outcome {
+                Outcome::NeedsPerson(info, command) => {
+                    let mut marked = rec.clone();
+                    marked.needs_person = Some(NeedsPerson {
+                        reported_by: self.me.incarnation(),
+                        ms: record::now_ms(),
+                        lock_id: info.id.clone(),
+                        command: command.clone(),
+                    });
+                    if let Err(e) = self.store.write(&marked).map(|_| ()) {
+                        tracing::warn!(record = %path.display(), error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
+                    }
+                }
                 Outcome::Unlocked(_)
                 | Outcome::HeldByOther(..)
                 | Outcome::Free
                 | Outcome::NothingToRelease(_) => {
-                    if let Err(e) = record::remove(path) {
+                    if let Err(e) = self.store.remove(path) {
                         tracing::warn!(record = %path.display(), error = %e, "cannot remove the record");
                     }
                 }
                 Outcome::Unsupported(_) => {
-                    let aside = path.with_extension("json.manual");
-                    if let Err(e) = fs::rename(path, &aside) {
+                    if let Err(e) = self.store.set_aside(path, &Aside::Manual) {
                         tracing::warn!(record = %path.display(), error = %e, "cannot set the record aside");
                     }
                 }
@@ -302,7 +346,16 @@ impl Recovery {
                 error = %msg,
                 "{base}: force-unlock failed; record kept, will try again before the next run"
             ),
-            Outcome::OwnerAlive => {}
+            Outcome::NeedsPerson(i, command) => tracing::error!(
+                record = %path.display(), run = %rec.run_id, owner = %rec.owner.name,
+                incarnation = %rec.owner.incarnation(), expected_who = %rec.who,
+                workdir = %rec.workdir, workspace = %rec.workspace, subcommand = %rec.subcommand,
+                lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
+                created = %i.created, command = %command, dry_run = self.dry_run,
+                "{base}: the dead run holds the state lock {} (Who {}, Operation {}, Created {}) but terraform cannot load workspace {}'s state, which does not exist (the run died between taking the lock and writing the first state, or the state was deleted), so no force-unlock can release it: a person must. Release it with: {command} ; then run `tfinit recover`. Workspace {} has no state: if the run created resources, restore the state or import them before the next apply creates them again. Record kept (needs_person){orphan_hint}",
+                i.id, i.who, i.operation, i.created, rec.workspace, rec.workspace
+            ),
+            Outcome::OwnerAlive | Outcome::WaitingForPerson => {}
         }
     }
 
@@ -314,24 +367,27 @@ impl Recovery {
         all: &[(PathBuf, Record)],
     ) -> Outcome {
         let workdir = Path::new(&rec.workdir);
+        let config = backend_config(workdir).unwrap_or_default();
+        let lease = (backend == "kubernetes").then(|| kubernetes_lease(&config, &rec.workspace).1);
         let probe = match run_terraform(
             &self.terraform,
             workdir,
             &rec.workspace,
             &["force-unlock", "-force", lockinfo::probe_id(backend)],
         ) {
-            Ok((ok, output)) => lockinfo::parse_probe(backend, ok, &output),
+            Ok((ok, output)) => lockinfo::parse_probe_of(backend, lease.as_deref(), ok, &output),
             Err(e) => return Outcome::Unknown(e),
         };
-        let info = match probe {
+        let (info, state_missing) = match probe {
             Probe::Free => return Outcome::Free,
             Probe::Unknown(m) => return Outcome::Unknown(m),
-            Probe::Held(info) => info,
+            Probe::Held(info) => (info, false),
+            Probe::HeldStateMissing(info) => (info, true),
         };
         let skew = CLOCK_SKEW.as_millis() as u64;
         let window = Window {
             not_before_ms: rec.started_ms.saturating_sub(skew),
-            not_after_ms: super::last_alive_ms(&self.store, &self.me, rec, self.ttl)
+            not_after_ms: super::last_alive_ms(&*self.store, &self.me, rec, self.ttl)
                 .saturating_add(skew),
             live_same_who: all
                 .iter()
@@ -340,15 +396,31 @@ impl Recovery {
                         && r.workdir == rec.workdir
                         && r.workspace == rec.workspace
                         && r.who == info.who
-                        && super::run_dead(&self.store, &self.me, r, self.ttl).is_none()
+                        && super::run_dead(&*self.store, &self.me, r, self.ttl).is_none()
                 })
                 .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name))
-                .next(),
+                .next()
+                .or_else(|| {
+                    self.live
+                        .iter()
+                        .find(|l| {
+                            l.workdir == Path::new(&rec.workdir)
+                                && l.workspace == rec.workspace
+                                && l.who == info.who
+                        })
+                        .map(|_| format!("a run of {} in this init", self.me.name))
+                }),
         };
         match decide(rec, &info, &window) {
             Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
             Decision::Unlock => {}
+        }
+        // terraform's force-unlock loads the state first, and loading a missing state takes the
+        // lock to create it: with the lock held, that fails whatever the id.
+        if state_missing {
+            let command = release_command(backend, &config, &rec.workspace, &info);
+            return Outcome::NeedsPerson(info, command);
         }
         if self.dry_run {
             return Outcome::Unlocked(info);
@@ -360,14 +432,7 @@ impl Recovery {
             &["force-unlock", "-force", &info.id],
         ) {
             Ok((true, _)) => Outcome::Unlocked(info),
-            Ok((false, output)) => Outcome::UnlockFailed(
-                output
-                    .lines()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("")
-                    .trim()
-                    .to_string(),
-            ),
+            Ok((false, output)) => Outcome::UnlockFailed(lockinfo::first_line(&output)),
             Err(e) => Outcome::UnlockFailed(e),
         }
     }
@@ -376,19 +441,119 @@ impl Recovery {
 /// The backend type a working directory was initialised with (`.terraform/terraform.tfstate`,
 /// or `$TF_DATA_DIR/terraform.tfstate`); None when not initialised or local.
 pub fn backend_type(workdir: &Path) -> Option<String> {
-    let data_dir = std::env::var_os("TF_DATA_DIR")
+    let v = backend_file(workdir)?;
+    v.get("backend")?.get("type")?.as_str().map(str::to_string)
+}
+
+/// The backend configuration a working directory was initialised with (its `config` object, as
+/// terraform stored it after merging -backend-config), when there is one.
+pub fn backend_config(workdir: &Path) -> Option<serde_json::Value> {
+    let mut v = backend_file(workdir)?;
+    Some(v.get_mut("backend")?.get_mut("config")?.take())
+}
+
+/// The namespace and name of terraform's Lease for `workspace` on the kubernetes backend
+/// (client.go: `lock-tfstate-<workspace>-<secret_suffix>`; the namespace defaults to
+/// $KUBE_NAMESPACE, else `default`, as backend.go does).
+pub fn kubernetes_lease(config: &serde_json::Value, workspace: &str) -> (String, String) {
+    let text = |k: &str| {
+        config
+            .get(k)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    let namespace = text("namespace")
+        .or_else(|| {
+            std::env::var("KUBE_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| "default".into());
+    let suffix = text("secret_suffix").unwrap_or_default();
+    (namespace, format!("lock-tfstate-{workspace}-{suffix}"))
+}
+
+/// The command a person runs to release `info`, a lock terraform cannot release because the
+/// state is missing: for kubernetes, a merge patch that empties the Lease's holder and lock info
+/// (what terraform's own Unlock does); for s3, a DynamoDB delete of exactly that lock item.
+pub fn release_command(
+    backend: &str,
+    config: &serde_json::Value,
+    workspace: &str,
+    info: &LockInfo,
+) -> String {
+    match backend {
+        "kubernetes" => {
+            let (namespace, lease) = kubernetes_lease(config, workspace);
+            let patch = serde_json::json!({
+                "metadata": {"annotations": {"app.terraform.io/lock-info": null}},
+                "spec": {"holderIdentity": null},
+            });
+            format!(
+                "kubectl -n {} patch lease {} --type=merge -p {}",
+                shell_quote(&namespace),
+                shell_quote(&lease),
+                shell_quote(&patch.to_string())
+            )
+        }
+        "s3" => {
+            let table = config
+                .get("dynamodb_table")
+                .and_then(|v| v.as_str())
+                .unwrap_or("TABLE");
+            let endpoint = config
+                .get("dynamodb_endpoint")
+                .and_then(|v| v.as_str())
+                .filter(|e| !e.is_empty())
+                .map(|e| format!(" --endpoint-url {}", shell_quote(e)))
+                .unwrap_or_default();
+            let key = serde_json::json!({"LockID": {"S": info.path}});
+            let id = serde_json::json!({":id": {"S": info.id}});
+            format!(
+                "aws dynamodb delete-item{endpoint} --table-name {} --key {} --condition-expression 'contains(Info, :id)' --expression-attribute-values {}",
+                shell_quote(table),
+                shell_quote(&key.to_string()),
+                shell_quote(&id.to_string())
+            )
+        }
+        other => format!(
+            "the {other} backend's own tools: remove the lock {} of state {} (terraform cannot, while the state is missing)",
+            info.id, info.path
+        ),
+    }
+}
+
+/// `s` as one shell word: single-quoted, with each `'` written as `'\''`.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,".contains(c))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// terraform's data directory of `workdir`: `.terraform`, or $TF_DATA_DIR.
+fn data_dir(workdir: &Path) -> PathBuf {
+    let dir = std::env::var_os("TF_DATA_DIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(".terraform"));
-    let file = workdir.join(data_dir).join("terraform.tfstate");
+    workdir.join(dir)
+}
+
+/// `.terraform/terraform.tfstate` (or under $TF_DATA_DIR) of `workdir`, parsed.
+fn backend_file(workdir: &Path) -> Option<serde_json::Value> {
+    let file = data_dir(workdir).join("terraform.tfstate");
     let mut bytes = Vec::new();
     fs::File::open(file)
         .ok()?
         .take(1 << 20)
         .read_to_end(&mut bytes)
         .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    v.get("backend")?.get("type")?.as_str().map(str::to_string)
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// Runs terraform with `args` in `workdir` and `workspace` (argv, no shell), non-interactive, with
@@ -463,7 +628,7 @@ fn run_terraform(
 /// The identity `tfinit recover` acts as: the live init of this container when its heartbeat is
 /// fresh (its running records are then left alone), else a new identity of our owner name (so
 /// records of an earlier incarnation count as dead).
-pub fn current_owner(store: &Store, name: &str, ttl: Duration) -> Owner {
+pub fn current_owner(store: &dyn Store, name: &str, ttl: Duration) -> Owner {
     match store.read_heartbeat(name) {
         Some(hb) if record::age(hb.updated_ms) <= ttl => hb.owner,
         _ => Owner::current(name, None),
@@ -498,6 +663,7 @@ mod tests {
             in_progress: vec![],
             updated_ms: T0,
             ended: None,
+            needs_person: None,
         }
     }
 
@@ -587,11 +753,30 @@ mod tests {
     }
 
     #[test]
+    fn the_release_command_names_the_backends_own_lock() {
+        let info = LockInfo {
+            id: "11111111-2222-3333-4444-555555555555".into(),
+            path: "tfstate/env:/feature/it's/terraform.tfstate".into(),
+            ..Default::default()
+        };
+        let kube = serde_json::json!({"namespace": "crossplane-system", "secret_suffix": "providerconfig-default"});
+        assert_eq!(
+            release_command("kubernetes", &kube, "feature", &info),
+            r#"kubectl -n crossplane-system patch lease lock-tfstate-feature-providerconfig-default --type=merge -p '{"metadata":{"annotations":{"app.terraform.io/lock-info":null}},"spec":{"holderIdentity":null}}'"#
+        );
+        let s3 = serde_json::json!({"dynamodb_table": "tflock", "dynamodb_endpoint": null});
+        assert_eq!(
+            release_command("s3", &s3, "feature", &info),
+            r#"aws dynamodb delete-item --table-name tflock --key '{"LockID":{"S":"tfstate/env:/feature/it'\''s/terraform.tfstate"}}' --condition-expression 'contains(Info, :id)' --expression-attribute-values '{":id":{"S":"11111111-2222-3333-4444-555555555555"}}'"#
+        );
+    }
+
+    #[test]
     fn last_alive_comes_from_heartbeat_restart_or_end() {
         let dir = std::env::temp_dir().join(format!("tfinit-recover-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let store = Store::new(&dir);
+        let store = store::FileStore::new(&dir);
         store.prepare().unwrap();
         let ttl = Duration::from_secs(30);
         let me = Owner::current("pod-b", None);
@@ -607,7 +792,7 @@ mod tests {
             t0 + 30_000
         );
         // Its heartbeat: the last beat plus one TTL.
-        store.heartbeat(&r.owner).unwrap();
+        store.write_heartbeat(&r.owner).unwrap();
         let hb = store.read_heartbeat("pod-a").unwrap();
         assert_eq!(
             crate::locks::last_alive_ms(&store, &me, &r, ttl),
@@ -618,7 +803,7 @@ mod tests {
             started_ms: t0 + 5_000,
             ..r.owner.clone()
         };
-        store.heartbeat(&later).unwrap();
+        store.write_heartbeat(&later).unwrap();
         assert_eq!(
             crate::locks::last_alive_ms(&store, &me, &r, ttl),
             t0 + 5_000

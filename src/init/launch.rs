@@ -1,0 +1,396 @@
+//! Starting a run: refusing it while draining or stopping, the lock recovery that may come
+//! first, the lock-owner record, and terraform itself.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+
+use super::reaper::Exit;
+use super::runs::{Job, Life, Pipes, Run, Stop};
+use super::shutdown::Phase;
+use super::spawn::{self, StartError};
+use super::state::{Init, PidOwner};
+use crate::locks::book::Start;
+use crate::locks::follower::Follower;
+use crate::locks::record::{self, Record};
+use crate::locks::recorder::Request;
+use crate::protocol::{self, ExitNote, RunRequest};
+use crate::terraform::{self, Invocation};
+
+/// The exit code of a run refused because the init could not set up terraform's output safely
+/// (not a shell code: 126/127 mean the program itself could not run).
+const EXIT_SETUP_FAILED: i32 = 125;
+
+impl Init {
+    /// Starts a run for a shim's request (or refuses it), answering on connection `conn`.
+    pub(super) fn start_run(&mut self, conn: u64, req: RunRequest, stdin: Option<OwnedFd>) {
+        if !self.timeline.accepts_runs() {
+            let phase = self.timeline.phase();
+            let msg = format!(
+                "tfinit: the init is {} ({}): terraform was not started; the controller should retry later (exit code {})",
+                if phase == Phase::Draining { "draining" } else { "shutting down" },
+                if phase == Phase::Draining { "tfinit drain; `tfinit resume` accepts runs again" } else { "the container is stopping" },
+                protocol::EXIT_REFUSED
+            );
+            tracing::info!(phase = phase.as_str(), args = ?terraform::redact(&req.args), cwd = %req.cwd, "terraform run refused");
+            self.reply_exit(
+                conn,
+                ExitNote {
+                    code: protocol::EXIT_REFUSED,
+                    error: Some(msg),
+                    ..Default::default()
+                },
+            );
+            return;
+        }
+        let id = self.next_run;
+        self.next_run += 1;
+        let invocation = Invocation::parse(&req.args);
+        let cwd = PathBuf::from(&req.cwd);
+        let workdir = invocation.workdir(&cwd);
+        let locking = invocation.takes_lock(&req.args);
+        let workspace = crate::locks::workspace_of(
+            &req.args,
+            &invocation.subcommand,
+            &req.env,
+            req.workspace.as_deref(),
+        );
+        let job = Job {
+            id: format!("r{id}"),
+            cwd,
+            workdir,
+            workspace,
+            argv: terraform::redact(&req.args),
+            invocation,
+            started: SystemTime::now(),
+            conn: Some(conn),
+            partial: [Vec::new(), Vec::new()],
+            follower: locking.then(Follower::default),
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.run = Some(id);
+        }
+        if locking {
+            self.check_lock(id, job, req, stdin, None);
+        } else {
+            self.launch(id, job, req, stdin);
+        }
+    }
+
+    /// A state-locking run's first step: when a dead run's record is in its directory, a lock
+    /// recovery runs first (once the store is open and this init's own end-markings there are on
+    /// the volume). `deadline` bounds the run's whole wait for the store (TFINIT_RECORD_TIMEOUT
+    /// from its first wait).
+    pub(super) fn check_lock(
+        &mut self,
+        id: u64,
+        job: Job,
+        req: RunRequest,
+        stdin: Option<OwnedFd>,
+        deadline: Option<Instant>,
+    ) {
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.cfg.record_timeout);
+        // The latest table (the recorder rescans quietly after each heartbeat).
+        self.on_recorder();
+        if self.book.opening() {
+            // Whether a dead run's record is here is known once the recorder has read the store.
+            return self.await_records(id, job, req, stdin, deadline);
+        }
+        if !self.book.needs_recovery(&job.workdir, record::now_ms()) {
+            return self.record_step(id, job, req, stdin, Some(deadline));
+        }
+        if !self.book.may_recover(&job.workdir) {
+            tracing::info!(run = %job.id, workdir = %job.workdir.display(), "a dead run's lock-owner record is here: its lock is checked once this init's own end-markings in this directory are on the state volume");
+            return self.await_records(id, job, req, stdin, deadline);
+        }
+        let recovery = spawn::RecoveryArgs {
+            state_dir: &self.cfg.state_dir,
+            owner: self.book.owner(),
+            ttl: self.cfg.owner_ttl,
+            live: self.book.live_runs(),
+        };
+        match spawn::recovery(&req, &recovery, &job.workdir) {
+            Ok(helper) => {
+                tracing::info!(run = %job.id, workdir = %job.workdir.display(), helper = helper.as_raw(), "a dead owner's lock-owner record is here: checking the state lock before terraform starts");
+                self.pids.insert(helper, PidOwner::Recovery(id));
+                let life = Life::Recovering {
+                    helper,
+                    request: Box::new(req),
+                    stdin,
+                    kill_at: None,
+                };
+                self.runs.insert(id, Run { job, life });
+            }
+            Err(e) => {
+                tracing::warn!(run = %job.id, error = %e, "cannot start the lock recovery; terraform starts without it");
+                self.record_step(id, job, req, stdin, Some(deadline));
+            }
+        }
+    }
+
+    /// Parks a state-locking run until the store can tell whether its lock needs checking.
+    fn await_records(
+        &mut self,
+        id: u64,
+        job: Job,
+        req: RunRequest,
+        stdin: Option<OwnedFd>,
+        deadline: Instant,
+    ) {
+        let life = Life::AwaitingRecords {
+            request: Box::new(req),
+            stdin,
+            deadline,
+        };
+        self.runs.insert(id, Run { job, life });
+    }
+
+    /// Takes a parked run out of the table (None when run `id` is not parked).
+    pub(super) fn take_awaiting(
+        &mut self,
+        id: u64,
+    ) -> Option<(Job, RunRequest, Option<OwnedFd>, Instant)> {
+        if !matches!(self.runs.get(&id)?.life, Life::AwaitingRecords { .. }) {
+            return None;
+        }
+        match self.runs.remove(&id)? {
+            Run {
+                job,
+                life:
+                    Life::AwaitingRecords {
+                        request,
+                        stdin,
+                        deadline,
+                    },
+            } => Some((job, *request, stdin, deadline)),
+            _ => None,
+        }
+    }
+
+    /// A state-locking run's second step: its lock-owner record, on the volume before terraform
+    /// exists (so a kill right after the start leaves it). The run waits in `recording` while
+    /// the recorder writes it, at most TFINIT_RECORD_TIMEOUT; the book says when not to wait.
+    pub(super) fn record_step(
+        &mut self,
+        id: u64,
+        job: Job,
+        req: RunRequest,
+        stdin: Option<OwnedFd>,
+        deadline: Option<Instant>,
+    ) {
+        let now = Instant::now();
+        let start = self.book.begin_until(
+            &job.id,
+            &job.workdir,
+            &job.workspace,
+            &req.env,
+            now,
+            deadline.unwrap_or(now + self.cfg.record_timeout),
+        );
+        match start {
+            Start::Unrecorded(notice) => {
+                if let Some(n) = notice {
+                    n.log();
+                }
+                self.launch(id, job, req, stdin);
+            }
+            Start::Record { .. } => {
+                let now = record::now_ms();
+                let rec = Record {
+                    v: record::FORMAT,
+                    owner: self.book.owner().clone(),
+                    // The recorder computes it (it needs the passwd entry).
+                    who: String::new(),
+                    run_id: job.id.clone(),
+                    cwd: job.cwd.to_string_lossy().into_owned(),
+                    workdir: job.workdir.to_string_lossy().into_owned(),
+                    workspace: job.workspace.clone(),
+                    subcommand: job.invocation.subcommand.clone(),
+                    argv: job.argv.clone(),
+                    started_ms: now,
+                    in_progress: Vec::new(),
+                    updated_ms: now,
+                    ended: None,
+                    needs_person: None,
+                };
+                let create = Request::Create {
+                    run: job.id.clone(),
+                    record: Box::new(rec),
+                    env: req.env.clone(),
+                };
+                let life = Life::Recording {
+                    request: Box::new(req),
+                    stdin,
+                };
+                // In the table first: a recorder found gone while sending starts it at once.
+                self.runs.insert(id, Run { job, life });
+                self.send_to_recorder(create);
+            }
+        }
+    }
+
+    /// The book says a run waiting in `recording` may start (its record landed, failed, or
+    /// timed out).
+    pub(super) fn record_settled(&mut self, id: u64) {
+        if !self
+            .runs
+            .get(&id)
+            .is_some_and(|r| matches!(r.life, Life::Recording { .. }))
+        {
+            return;
+        }
+        let Some(Run { job, life }) = self.runs.remove(&id) else {
+            return;
+        };
+        if let Life::Recording { request, stdin } = life {
+            self.launch(id, job, *request, stdin);
+        }
+    }
+
+    /// Refuses every run that has not started because it waits for the store (shutdown, drain):
+    /// it is answered 75 and never started; its record, if it lands later, is removed.
+    pub(super) fn refuse_waiting(&mut self, why: &str) {
+        let ids: Vec<u64> = self
+            .runs
+            .iter()
+            .filter(|(_, r)| r.waits_for_store())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(run) = self.runs.remove(&id) else {
+                continue;
+            };
+            tracing::info!(run = %run.job.id, state = run.life.as_str(), reason = why, "terraform run refused before it started");
+            self.forget_record(&run.job.id);
+            if let Some(c) = run.job.conn {
+                let msg = format!(
+                    "tfinit: the init is {why}: terraform was not started; the controller should retry later (exit code {})",
+                    protocol::EXIT_REFUSED
+                );
+                self.reply_exit(
+                    c,
+                    ExitNote {
+                        code: protocol::EXIT_REFUSED,
+                        error: Some(msg),
+                        run_id: Some(run.job.id),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+    }
+
+    /// A run that never started is over: its record (landed or still in flight) is removed.
+    pub(super) fn forget_record(&mut self, run: &str) {
+        if let Some(r) = self.book.exited(run, None, Vec::new()) {
+            self.send_to_recorder(r);
+        }
+    }
+
+    /// Starts terraform for a run (after any recovery): the run then exists as Running, or is
+    /// answered with why it could not start.
+    fn launch(&mut self, id: u64, job: Job, req: RunRequest, stdin: Option<OwnedFd>) {
+        match spawn::terraform(&req, stdin) {
+            Ok(started) => {
+                tracing::info!(
+                    run = %job.id, pid = started.pid.as_raw(), cwd = %job.cwd.display(), subcommand = %job.invocation.subcommand,
+                    argv = ?job.argv, "terraform started"
+                );
+                let life = Life::Running {
+                    pid: started.pid,
+                    pipes: Pipes {
+                        stdout: Some(started.stdout),
+                        stderr: Some(started.stderr),
+                        paused: false,
+                    },
+                    stop: Stop::default(),
+                };
+                self.runs.insert(id, Run { job, life });
+                self.pids.insert(started.pid, PidOwner::Terraform(id));
+                self.watch_pipes(id);
+            }
+            Err(e) => {
+                let (code, hint) = match &e {
+                    StartError::NonBlocking(_) => (
+                        EXIT_SETUP_FAILED,
+                        " (terraform was not started, so nothing ran; retry, and report it if it repeats)",
+                    ),
+                    // Out of descriptors or processes is passing: "try again later" (75), like a
+                    // refusal, so the controller retries instead of reporting a broken binary.
+                    StartError::Spawn(e) => match e.raw_os_error() {
+                        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM) => (
+                            protocol::EXIT_REFUSED,
+                            " (out of resources: try again later; raise the container's open-files or process limits if it repeats)",
+                        ),
+                        _ if e.kind() == io::ErrorKind::NotFound => (127, ""),
+                        _ => (126, ""),
+                    },
+                };
+                let msg = format!(
+                    "tfinit: cannot start {:?} in {:?}: {e}{hint}",
+                    req.program, req.cwd
+                );
+                tracing::warn!(run = %job.id, "{msg}");
+                self.forget_record(&job.id);
+                if let Some(c) = job.conn {
+                    self.reply_exit(
+                        c,
+                        ExitNote {
+                            code,
+                            error: Some(msg),
+                            run_id: Some(job.id),
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// A run's lock recovery ended: the recorder rescans (the table counts in that directory
+    /// again once scanned after it), and the run goes on to its record, unless its shim is gone
+    /// or the init stopped accepting runs meanwhile.
+    pub(super) fn on_recovery_exit(&mut self, id: u64, exit: Exit) {
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
+        if !matches!(run.life, Life::Recovering { .. }) {
+            return;
+        }
+        tracing::info!(run = %run.job.id, %exit, "lock recovery finished");
+        let Some(Run { job, life }) = self.runs.remove(&id) else {
+            return;
+        };
+        let Life::Recovering { request, stdin, .. } = life else {
+            return;
+        };
+        let rescan = self.book.recovery_done(&job.workdir, Instant::now());
+        self.send_to_recorder(rescan);
+        let Some(conn) = job.conn else {
+            // The shim gave up while the lock was checked: nobody waits for this run, and
+            // starting it now would only leave a run to stop.
+            tracing::info!(run = %job.id, "the shim is gone; terraform is not started");
+            return;
+        };
+        // Stopping (the kill step may have ended the helper) or draining: refused like a new run.
+        // An abandoned run's helper killed on its timer has no shim, so it ended above.
+        if !self.timeline.accepts_runs() {
+            let msg = format!(
+                "tfinit: the init is shutting down: terraform was not started (exit code {})",
+                protocol::EXIT_REFUSED
+            );
+            self.reply_exit(
+                conn,
+                ExitNote {
+                    code: protocol::EXIT_REFUSED,
+                    error: Some(msg),
+                    run_id: Some(job.id),
+                    ..Default::default()
+                },
+            );
+            return;
+        }
+        self.record_step(id, job, *request, stdin, None);
+    }
+}

@@ -1,0 +1,1410 @@
+//! The loop's in-memory book of lock-owner records: the store's state, each state-locking run's
+//! record, and the table of records the recorder last scanned. Pure: no I/O, no clock of its own
+//! (every call gets `now`), so every decision the loop takes about records is unit-tested here.
+//!
+//! The loop calls [`Book::begin`] for a state-locking run, sends the requests the book returns to
+//! the [`Recorder`](super::recorder::Recorder), feeds every completion to
+//! [`Book::on_completion`] and calls [`Book::tick`] at [`Book::next_wakeup`]; the [`Event`]s it
+//! gets back say which waiting run may start and what to log.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::record::{Ended, Owner};
+use super::recorder::{Completion, Entry, Request, RunId, Table, NO_RECORD};
+use super::Facts;
+
+/// How often "state volume is not answering" is repeated while it lasts.
+pub const NOT_ANSWERING_EVERY: Duration = Duration::from_secs(60);
+
+/// The store's state, as the loop knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreState {
+    /// The recorder is opening it (probe, sweep, first heartbeat).
+    Opening {
+        /// Since when.
+        since: Instant,
+    },
+    /// Usable.
+    Open,
+    /// Not usable (missing, read-only, not a directory): runs start without records.
+    Failed,
+    /// A run's record did not land within TFINIT_RECORD_TIMEOUT: runs start at once without
+    /// records until a write succeeds again.
+    NotAnswering {
+        /// Since when.
+        since: Instant,
+        /// When the last "not answering" warning was given.
+        last_warned: Instant,
+    },
+}
+
+/// A state-locking run's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// None will be written (the store failed, does not answer, or its heartbeat is stale).
+    Unrecorded,
+    /// Its create is queued or in flight, and the run waits in `recording` until `deadline`.
+    Pending {
+        /// When the run stops waiting.
+        deadline: Instant,
+    },
+    /// Its create is queued or in flight, and the run no longer waits for it: still tracked, so
+    /// a late landing is marked ended or removed with its run.
+    Abandoned,
+    /// On the volume.
+    Written {
+        /// Its id in the store.
+        path: PathBuf,
+    },
+    /// Its create failed.
+    Failed,
+}
+
+impl RecordStatus {
+    /// Whether a record of this run is, or may soon be, on the volume.
+    fn may_exist(&self) -> bool {
+        matches!(
+            self,
+            RecordStatus::Pending { .. } | RecordStatus::Abandoned | RecordStatus::Written { .. }
+        )
+    }
+}
+
+/// What the loop does with a new state-locking run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// Start terraform now without a record; log the notice first, when there is one.
+    Unrecorded(Option<Notice>),
+    /// Send [`Request::Create`] now; the run waits in `recording` until an [`Event::Start`] for
+    /// it, at the latest `deadline` (then [`Book::tick`] gives that event).
+    Record {
+        /// now + TFINIT_RECORD_TIMEOUT.
+        deadline: Instant,
+    },
+}
+
+/// Something the loop must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Log this.
+    Log(Notice),
+    /// The run waiting in `recording` may start; `recorded` says whether its record is on the
+    /// volume.
+    Start {
+        /// The run.
+        run: RunId,
+        /// Whether its record is on the volume.
+        recorded: bool,
+    },
+    /// Send this to the recorder.
+    Send(Request),
+}
+
+/// A live state-locking run, as the recovery helper counts it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LiveRun {
+    /// Where terraform works.
+    pub workdir: PathBuf,
+    /// Its workspace.
+    pub workspace: String,
+    /// The `Who` its lock carries.
+    pub who: String,
+}
+
+/// The records part of `tfinit status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    /// `opening`, `open`, `failed`, `not_answering` or `heartbeat_stale`.
+    pub state: &'static str,
+    /// Age of the last successful heartbeat write; None before the first one.
+    pub heartbeat_age: Option<Duration>,
+}
+
+/// A message for the log; [`Notice::log`] writes it at its level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The store opened.
+    Enabled {
+        /// The state directory.
+        dir: String,
+        /// Our owner name.
+        owner: String,
+        /// Our incarnation.
+        incarnation: String,
+    },
+    /// Records of dead owners were found at open.
+    DeadRecords {
+        /// How many.
+        count: usize,
+        /// Whether recoveries run automatically.
+        auto: bool,
+    },
+    /// The store cannot be used (once, at start).
+    NotUsable {
+        /// The state directory.
+        dir: String,
+        /// Why.
+        error: String,
+    },
+    /// A run's record did not land in time: it starts without one.
+    RecordTimeout {
+        /// The run.
+        run: RunId,
+        /// The state directory.
+        dir: String,
+        /// TFINIT_RECORD_TIMEOUT.
+        timeout: Duration,
+    },
+    /// The volume still does not answer: a run starts without a record (once a minute).
+    NotAnswering {
+        /// The run.
+        run: RunId,
+        /// The state directory.
+        dir: String,
+        /// For how long.
+        since: Duration,
+    },
+    /// A write succeeded after the volume stopped answering.
+    AnswersAgain {
+        /// The state directory.
+        dir: String,
+    },
+    /// The heartbeat is older than TTL/2 while records of ours are on the volume (once).
+    HeartbeatStale {
+        /// The state directory.
+        dir: String,
+        /// The last successful heartbeat's age.
+        age: Duration,
+        /// TFINIT_OWNER_TTL.
+        ttl: Duration,
+    },
+    /// A run starts without a record because the heartbeat is stale.
+    HeartbeatStaleRun {
+        /// The run.
+        run: RunId,
+    },
+    /// The heartbeat was written after it had gone stale.
+    HeartbeatAgain {
+        /// The state directory.
+        dir: String,
+    },
+    /// A run's record create failed: it starts without one.
+    CreateFailed {
+        /// The run.
+        run: RunId,
+        /// The state directory.
+        dir: String,
+        /// Why.
+        error: String,
+    },
+    /// A progress rewrite failed.
+    ProgressFailed {
+        /// The run.
+        run: RunId,
+        /// Why.
+        error: String,
+    },
+    /// An end-marking failed.
+    EndFailed {
+        /// The run.
+        run: RunId,
+        /// Why.
+        error: String,
+    },
+    /// A removal failed.
+    RemoveFailed {
+        /// The run.
+        run: RunId,
+        /// Why.
+        error: String,
+    },
+}
+
+impl Notice {
+    /// Its level.
+    pub fn level(&self) -> tracing::Level {
+        use tracing::Level;
+        match self {
+            Notice::Enabled { .. }
+            | Notice::DeadRecords { .. }
+            | Notice::AnswersAgain { .. }
+            | Notice::HeartbeatAgain { .. } => Level::INFO,
+            Notice::HeartbeatStale { .. } => Level::ERROR,
+            _ => Level::WARN,
+        }
+    }
+
+    /// Its text.
+    pub fn message(&self) -> String {
+        let secs = |d: &Duration| crate::config::fmt_duration(Duration::from_secs(d.as_secs()));
+        match self {
+            Notice::Enabled { dir, owner, incarnation } => format!(
+                "lock-owner records enabled (state_dir {dir}, owner {owner}, incarnation {incarnation})"
+            ),
+            Notice::DeadRecords { count, auto } => format!(
+                "lock-owner records of dead owners found ({count}): each is checked before the next state-locking run in its directory{}",
+                if *auto { "" } else { " (TFINIT_FORCE_UNLOCK=off: run `tfinit recover` by hand)" }
+            ),
+            Notice::NotUsable { dir, error } => format!(
+                "TFINIT_STATE_DIR is not usable: tfinit keeps working without lock-owner records, so a \
+                 state lock left by this pod's death will not be released automatically. Mount a \
+                 writable volume there (emptyDir for container restarts, a PVC for pod replacement) \
+                 or set TFINIT_STATE_DIR to one (state_dir {dir}: {error})"
+            ),
+            Notice::RecordTimeout { run, dir, timeout } => format!(
+                "run {run}: the state volume did not answer within TFINIT_RECORD_TIMEOUT ({}): terraform starts without a \
+                 lock-owner record, so a state lock this run leaves behind will not be released automatically. \
+                 Check the volume mounted at TFINIT_STATE_DIR ({dir}); until a write succeeds again, state-locking \
+                 runs start at once without a record. Raise TFINIT_RECORD_TIMEOUT if the volume is merely slow",
+                crate::config::fmt_duration(*timeout)
+            ),
+            Notice::NotAnswering { run, dir, since } => format!(
+                "run {run}: the state volume is not answering (for {}): terraform starts without a lock-owner record. \
+                 Check the volume mounted at TFINIT_STATE_DIR ({dir})",
+                secs(since)
+            ),
+            Notice::AnswersAgain { dir } => format!(
+                "the state volume answers again ({dir}): state-locking runs get lock-owner records again"
+            ),
+            Notice::HeartbeatStale { dir, age, ttl } => format!(
+                "this owner's heartbeat has not been written for {} in TFINIT_STATE_DIR ({dir}): other pods may take \
+                 this owner for dead after TFINIT_OWNER_TTL ({}) and release the state locks its records name. New \
+                 state-locking runs start without a record until it is written again; check the volume",
+                secs(age),
+                crate::config::fmt_duration(*ttl)
+            ),
+            Notice::HeartbeatStaleRun { run } => format!(
+                "run {run}: the heartbeat is stale, so terraform starts without a lock-owner record (a record no pod \
+                 can trust protects nothing)"
+            ),
+            Notice::HeartbeatAgain { dir } => format!(
+                "heartbeat written again in TFINIT_STATE_DIR ({dir}): state-locking runs get lock-owner records again"
+            ),
+            Notice::CreateFailed { run, dir, error } => format!(
+                "run {run}: cannot write the lock-owner record; this run's lock will not be recoverable automatically. \
+                 Free space in TFINIT_STATE_DIR ({dir}) or mount a bigger, writable volume there ({error})"
+            ),
+            Notice::ProgressFailed { run, error } => format!(
+                "run {run}: cannot update the lock-owner record; its resources in progress are out of date. Free space \
+                 in TFINIT_STATE_DIR or mount a bigger, writable volume there ({error})"
+            ),
+            Notice::EndFailed { run, error } => format!(
+                "run {run}: cannot mark the lock-owner record as ended; it is recovered once this owner is dead ({error})"
+            ),
+            Notice::RemoveFailed { run, error } => {
+                format!("run {run}: cannot remove the lock-owner record ({error})")
+            }
+        }
+    }
+
+    /// Writes it to the log at its level.
+    pub fn log(&self) {
+        let m = self.message();
+        match self.level() {
+            tracing::Level::ERROR => tracing::error!("{m}"),
+            tracing::Level::WARN => tracing::warn!("{m}"),
+            _ => tracing::info!("{m}"),
+        }
+    }
+}
+
+/// A live state-locking run.
+#[derive(Debug, Clone)]
+struct Run {
+    workdir: PathBuf,
+    workspace: String,
+    /// $USER and $HOME from its environment (they make the Who when passwd has no entry).
+    user_env: Vec<String>,
+    record: RecordStatus,
+}
+
+/// An end-marking or removal queued or in flight.
+#[derive(Debug, Clone)]
+struct Closing {
+    workdir: PathBuf,
+    /// The record's id, when its create had landed.
+    path: Option<PathBuf>,
+    /// How the run ended (an end-marking), or None (a removal).
+    ended: Option<Ended>,
+}
+
+/// What the loop knows about records.
+#[derive(Debug)]
+pub struct Book {
+    state: StoreState,
+    dir: String,
+    me: Owner,
+    ttl: Duration,
+    record_timeout: Duration,
+    auto_unlock: bool,
+    host: String,
+    passwd_user: Option<String>,
+    table: Option<Table>,
+    /// Our own end-markings and removals since they became durable, by record id (Some: the
+    /// ended record; None: removed): they count until a table scanned after them arrives.
+    own: HashMap<PathBuf, (Instant, Option<Entry>)>,
+    /// When the last recovery in each directory finished: the table counts there again once it
+    /// was scanned after that.
+    recovered: HashMap<PathBuf, Instant>,
+    /// When the last successful heartbeat was stamped.
+    heartbeat_ok: Option<Instant>,
+    stale_reported: bool,
+    runs: HashMap<RunId, Run>,
+    closing: HashMap<RunId, Closing>,
+}
+
+impl Book {
+    /// A book for owner `me` with the store at `dir` being opened since `now`.
+    pub fn new(
+        dir: &Path,
+        me: Owner,
+        ttl: Duration,
+        record_timeout: Duration,
+        auto_unlock: bool,
+        host: String,
+        now: Instant,
+    ) -> Book {
+        Book {
+            state: StoreState::Opening { since: now },
+            dir: dir.display().to_string(),
+            me,
+            ttl,
+            record_timeout,
+            auto_unlock,
+            host,
+            passwd_user: None,
+            table: None,
+            own: HashMap::new(),
+            recovered: HashMap::new(),
+            heartbeat_ok: None,
+            stale_reported: false,
+            runs: HashMap::new(),
+            closing: HashMap::new(),
+        }
+    }
+
+    /// This incarnation.
+    pub fn owner(&self) -> &Owner {
+        &self.me
+    }
+
+    /// Whether the recorder is still opening the store (what is on it is not known yet).
+    pub fn opening(&self) -> bool {
+        matches!(self.state, StoreState::Opening { .. })
+    }
+
+    /// The store's state.
+    pub fn state(&self) -> StoreState {
+        self.state
+    }
+
+    /// A run's record status; None for a run the book does not know (not state-locking, or over).
+    pub fn record(&self, run: &str) -> Option<&RecordStatus> {
+        self.runs.get(run).map(|r| &r.record)
+    }
+
+    /// Registers a new state-locking run and decides whether it waits for a record.
+    pub fn begin(
+        &mut self,
+        run: &str,
+        workdir: &Path,
+        workspace: &str,
+        env: &[String],
+        now: Instant,
+    ) -> Start {
+        self.begin_until(run, workdir, workspace, env, now, now + self.record_timeout)
+    }
+
+    /// [`Book::begin`] for a run that has waited for the store already (for its directory's
+    /// end-markings, or for the store to open): it waits for its record until `deadline` at the
+    /// latest, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
+    pub fn begin_until(
+        &mut self,
+        run: &str,
+        workdir: &Path,
+        workspace: &str,
+        env: &[String],
+        now: Instant,
+        deadline: Instant,
+    ) -> Start {
+        let user_env = env
+            .iter()
+            .filter(|kv| kv.starts_with("USER=") || kv.starts_with("HOME="))
+            .cloned()
+            .collect();
+        let (start, record) = match self.state {
+            StoreState::Failed => (Start::Unrecorded(None), RecordStatus::Unrecorded),
+            StoreState::NotAnswering { since, last_warned } => {
+                let warn = now.saturating_duration_since(last_warned) >= NOT_ANSWERING_EVERY;
+                let notice = warn.then(|| {
+                    self.state = StoreState::NotAnswering {
+                        since,
+                        last_warned: now,
+                    };
+                    Notice::NotAnswering {
+                        run: run.to_string(),
+                        dir: self.dir.clone(),
+                        since: now.saturating_duration_since(since),
+                    }
+                });
+                (Start::Unrecorded(notice), RecordStatus::Unrecorded)
+            }
+            StoreState::Open if self.heartbeat_stale(now) => (
+                Start::Unrecorded(Some(Notice::HeartbeatStaleRun {
+                    run: run.to_string(),
+                })),
+                RecordStatus::Unrecorded,
+            ),
+            StoreState::Open | StoreState::Opening { .. } => (
+                Start::Record { deadline },
+                RecordStatus::Pending { deadline },
+            ),
+        };
+        self.runs.insert(
+            run.to_string(),
+            Run {
+                workdir: workdir.to_path_buf(),
+                workspace: workspace.to_string(),
+                user_env,
+                record,
+            },
+        );
+        start
+    }
+
+    /// The request for a run's new set of resources in progress, when its record is (or may be)
+    /// on the volume.
+    pub fn progress(&self, run: &str, in_progress: Vec<String>) -> Option<Request> {
+        let r = self.runs.get(run)?;
+        r.record.may_exist().then(|| Request::Progress {
+            run: run.to_string(),
+            in_progress,
+        })
+    }
+
+    /// The run is over (exited, or refused while `recording`): forgets it as live, and returns
+    /// the end-marking (`ended` given: it may have left its lock) or the removal of its record,
+    /// when one is or may be on the volume. A recovery in its directory waits for that request.
+    pub fn exited(
+        &mut self,
+        run: &str,
+        ended: Option<Ended>,
+        in_progress: Vec<String>,
+    ) -> Option<Request> {
+        let r = self.runs.remove(run)?;
+        if !r.record.may_exist() {
+            return None;
+        }
+        let path = match r.record {
+            RecordStatus::Written { path } => Some(path),
+            _ => None,
+        };
+        self.closing.insert(
+            run.to_string(),
+            Closing {
+                workdir: r.workdir,
+                path,
+                ended: ended.clone(),
+            },
+        );
+        let run = run.to_string();
+        Some(match ended {
+            Some(ended) => Request::End {
+                run,
+                ended,
+                in_progress,
+            },
+            None => Request::Remove { run },
+        })
+    }
+
+    /// Takes in what the recorder did, at `now` (wall clock `now_ms`, ms since the epoch).
+    pub fn on_completion(&mut self, c: Completion, now: Instant, now_ms: u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        match c {
+            Completion::Opened {
+                result: Ok(()),
+                table,
+                passwd_user,
+            } => {
+                self.passwd_user = passwd_user;
+                self.table = table;
+                self.heartbeat_ok = Some(now);
+                ev.push(Event::Log(Notice::Enabled {
+                    dir: self.dir.clone(),
+                    owner: self.me.name.clone(),
+                    incarnation: self.me.incarnation(),
+                }));
+                let dead = self.dead_records(now_ms);
+                if dead > 0 {
+                    ev.push(Event::Log(Notice::DeadRecords {
+                        count: dead,
+                        auto: self.auto_unlock,
+                    }));
+                }
+                self.answered(&mut ev);
+                if matches!(self.state, StoreState::Opening { .. }) {
+                    self.state = StoreState::Open;
+                }
+            }
+            Completion::Opened {
+                result: Err(error),
+                passwd_user,
+                ..
+            } => {
+                self.passwd_user = passwd_user;
+                self.state = StoreState::Failed;
+                ev.push(Event::Log(Notice::NotUsable {
+                    dir: self.dir.clone(),
+                    error,
+                }));
+                // Runs start at once, without a warning each: the one above says it all.
+                for (id, r) in &mut self.runs {
+                    if matches!(r.record, RecordStatus::Pending { .. }) {
+                        ev.push(Event::Start {
+                            run: id.clone(),
+                            recorded: false,
+                        });
+                    }
+                    if r.record.may_exist() {
+                        r.record = RecordStatus::Unrecorded;
+                    }
+                }
+            }
+            Completion::Heartbeat {
+                result, stamped, ..
+            } => {
+                if result.is_ok() {
+                    self.heartbeat_ok = Some(self.heartbeat_ok.map_or(stamped, |t| t.max(stamped)));
+                    // A write that hung lands with an old stamp (other pods read that time in
+                    // the file): still stale, and said once; the next, fresh one ends it.
+                    let fresh = now.saturating_duration_since(stamped) <= self.ttl / 2;
+                    if fresh && std::mem::take(&mut self.stale_reported) {
+                        ev.push(Event::Log(Notice::HeartbeatAgain {
+                            dir: self.dir.clone(),
+                        }));
+                    }
+                    self.answered(&mut ev);
+                }
+            }
+            Completion::Created { run, result } => {
+                if result.is_ok() {
+                    self.answered(&mut ev);
+                }
+                if let Some(r) = self.runs.get_mut(&run) {
+                    let waiting = matches!(r.record, RecordStatus::Pending { .. });
+                    match result {
+                        Ok(path) => {
+                            // A late landing of a live run's record is as good as an early one.
+                            r.record = RecordStatus::Written { path };
+                            if waiting {
+                                ev.push(Event::Start {
+                                    run,
+                                    recorded: true,
+                                });
+                            }
+                        }
+                        Err(error) => {
+                            r.record = RecordStatus::Failed;
+                            if waiting {
+                                ev.push(Event::Log(Notice::CreateFailed {
+                                    run: run.clone(),
+                                    dir: self.dir.clone(),
+                                    error,
+                                }));
+                                ev.push(Event::Start {
+                                    run,
+                                    recorded: false,
+                                });
+                            }
+                        }
+                    }
+                } else if let (Some(c), Ok(path)) = (self.closing.get_mut(&run), result) {
+                    // Landed after its run was over: the end-marking or removal queued behind it
+                    // applies to it.
+                    c.path = Some(path);
+                }
+            }
+            Completion::Written { run, result } => match result {
+                Ok(()) => self.answered(&mut ev),
+                Err(e) if e == NO_RECORD => {}
+                Err(error) => ev.push(Event::Log(Notice::ProgressFailed { run, error })),
+            },
+            Completion::Ended { run, result } => {
+                let c = self.closing.remove(&run);
+                match result {
+                    Ok(()) => {
+                        self.answered(&mut ev);
+                        if let Some(Closing {
+                            workdir,
+                            path: Some(path),
+                            ended: Some(ended),
+                        }) = c
+                        {
+                            let entry = Entry {
+                                path: path.clone(),
+                                workdir,
+                                facts: Facts {
+                                    owner: self.me.clone(),
+                                    updated_ms: ended.ms,
+                                    ended: Some(ended),
+                                    needs_person_by: None,
+                                },
+                            };
+                            self.own.insert(path, (now, Some(entry)));
+                        }
+                    }
+                    Err(e) if e == NO_RECORD => {}
+                    Err(error) => ev.push(Event::Log(Notice::EndFailed { run, error })),
+                }
+            }
+            Completion::Removed { run, result } => {
+                let c = self.closing.remove(&run);
+                match result {
+                    Ok(()) => {
+                        self.answered(&mut ev);
+                        if let Some(path) = c.and_then(|c| c.path) {
+                            self.own.insert(path, (now, None));
+                        }
+                    }
+                    Err(error) => ev.push(Event::Log(Notice::RemoveFailed { run, error })),
+                }
+            }
+            Completion::Table(t) => {
+                self.own.retain(|_, (at, _)| *at > t.scanned);
+                self.recovered.retain(|_, at| *at > t.scanned);
+                self.table = Some(t);
+            }
+        }
+        ev
+    }
+
+    /// A write succeeded: the volume answers.
+    fn answered(&mut self, ev: &mut Vec<Event>) {
+        if let StoreState::NotAnswering { .. } = self.state {
+            self.state = StoreState::Open;
+            ev.push(Event::Log(Notice::AnswersAgain {
+                dir: self.dir.clone(),
+            }));
+        }
+    }
+
+    /// Time-driven work: runs whose record did not land in time start without one, the heartbeat
+    /// is asked for when due, and a stale heartbeat is reported once.
+    pub fn tick(&mut self, now: Instant) -> Vec<Event> {
+        let mut ev = Vec::new();
+        let mut expired: Vec<RunId> = self
+            .runs
+            .iter()
+            .filter(
+                |(_, r)| matches!(r.record, RecordStatus::Pending { deadline } if deadline <= now),
+            )
+            .map(|(id, _)| id.clone())
+            .collect();
+        expired.sort();
+        for id in expired {
+            if let Some(r) = self.runs.get_mut(&id) {
+                r.record = RecordStatus::Abandoned;
+            }
+            if !matches!(self.state, StoreState::NotAnswering { .. }) {
+                self.state = StoreState::NotAnswering {
+                    since: now,
+                    last_warned: now,
+                };
+            }
+            ev.push(Event::Log(Notice::RecordTimeout {
+                run: id.clone(),
+                dir: self.dir.clone(),
+                timeout: self.record_timeout,
+            }));
+            ev.push(Event::Start {
+                run: id,
+                recorded: false,
+            });
+        }
+        if !self.stale_reported && self.heartbeat_stale(now) {
+            self.stale_reported = true;
+            ev.push(Event::Log(Notice::HeartbeatStale {
+                dir: self.dir.clone(),
+                age: self.heartbeat_age(now).unwrap_or_default(),
+                ttl: self.ttl,
+            }));
+        }
+        ev
+    }
+
+    /// When [`Book::tick`] has work next.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let deadlines = self.runs.values().filter_map(|r| match r.record {
+            RecordStatus::Pending { deadline } => Some(deadline),
+            _ => None,
+        });
+        let stale = self
+            .heartbeat_ok
+            .filter(|_| !self.stale_reported && self.has_records())
+            .map(|t| t + self.ttl / 2 + Duration::from_millis(1));
+        deadlines.chain(stale).min()
+    }
+
+    /// Whether this incarnation has (or may soon have) a record of a live run on the volume.
+    fn has_records(&self) -> bool {
+        self.runs.values().any(|r| r.record.may_exist())
+    }
+
+    /// Age of the last successful heartbeat write.
+    pub fn heartbeat_age(&self, now: Instant) -> Option<Duration> {
+        self.heartbeat_ok.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// Whether the last successful heartbeat is older than TTL/2 while records of ours are on the
+    /// volume: other pods may soon take this owner for dead.
+    pub fn heartbeat_stale(&self, now: Instant) -> bool {
+        matches!(
+            self.state,
+            StoreState::Open | StoreState::NotAnswering { .. }
+        ) && self.has_records()
+            && self.heartbeat_age(now).is_some_and(|a| a > self.ttl / 2)
+    }
+
+    /// The records part of `tfinit status`.
+    pub fn view(&self, now: Instant) -> View {
+        let state = match self.state {
+            StoreState::Opening { .. } => "opening",
+            StoreState::Failed => "failed",
+            StoreState::NotAnswering { .. } => "not_answering",
+            StoreState::Open if self.heartbeat_stale(now) => "heartbeat_stale",
+            StoreState::Open => "open",
+        };
+        View {
+            state,
+            heartbeat_age: self.heartbeat_age(now),
+        }
+    }
+
+    /// Every record the loop knows of, at lookup time: the last table, corrected by our own
+    /// end-markings and removals since it was scanned.
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        let scanned = self.table.as_ref().map(|t| t.scanned);
+        let newer = move |at: &Instant| !scanned.is_some_and(|s| *at <= s);
+        let table = self
+            .table
+            .iter()
+            .flat_map(|t| t.records.iter())
+            .filter(move |e| !self.own.get(&e.path).is_some_and(|(at, _)| newer(at)));
+        let own = self
+            .own
+            .values()
+            .filter(move |(at, _)| newer(at))
+            .filter_map(|(_, e)| e.as_ref());
+        table.chain(own)
+    }
+
+    fn dead(&self, e: &Entry, now_ms: u64) -> bool {
+        let hb = self
+            .table
+            .as_ref()
+            .and_then(|t| t.heartbeats.get(&e.facts.owner.name));
+        super::run_dead_at(&self.me, &e.facts, hb, self.ttl, now_ms).is_some()
+    }
+
+    /// Dead, and not already reported by this incarnation as needing a person.
+    fn wants_recovery(&self, e: &Entry, now_ms: u64) -> bool {
+        let hb = self
+            .table
+            .as_ref()
+            .and_then(|t| t.heartbeats.get(&e.facts.owner.name));
+        super::wants_recovery_at(&self.me, &e.facts, hb, self.ttl, now_ms)
+    }
+
+    fn dead_records(&self, now_ms: u64) -> usize {
+        self.entries().filter(|e| self.dead(e, now_ms)).count()
+    }
+
+    /// Whether a state-locking run in `workdir` must wait for a recovery first: a record there of
+    /// a dead owner or of a run seen dying, decided against `now_ms` (wall clock, ms).
+    pub fn needs_recovery(&self, workdir: &Path, now_ms: u64) -> bool {
+        if !self.auto_unlock
+            || !matches!(
+                self.state,
+                StoreState::Open | StoreState::NotAnswering { .. }
+            )
+        {
+            return false;
+        }
+        // A run of ours here ended in a way that may have left its lock, and its end-marking is
+        // still on its way to the volume: a recovery is needed (it waits for that marking).
+        if self
+            .closing
+            .values()
+            .any(|c| c.workdir == workdir && c.ended.is_some())
+        {
+            return true;
+        }
+        // The table before a recovery's rescan still shows what that recovery resolved.
+        let scanned = self.table.as_ref().map(|t| t.scanned);
+        if self
+            .recovered
+            .get(workdir)
+            .is_some_and(|at| !scanned.is_some_and(|s| s >= *at))
+        {
+            return false;
+        }
+        self.entries()
+            .any(|e| e.workdir == workdir && self.wants_recovery(e, now_ms))
+    }
+
+    /// Whether a recovery in `workdir` may start now: no end-marking or removal of a record there
+    /// is still queued or in flight (a recovery must read what our runs left as the truth).
+    pub fn may_recover(&self, workdir: &Path) -> bool {
+        !self.closing.values().any(|c| c.workdir == workdir)
+    }
+
+    /// A recovery in `workdir` finished: returns the rescan to send.
+    pub fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Request {
+        self.recovered.insert(workdir.to_path_buf(), now);
+        Request::Rescan
+    }
+
+    /// The live state-locking runs, recorded or not, for the recovery helper.
+    pub fn live_runs(&self) -> Vec<LiveRun> {
+        let mut out: Vec<LiveRun> = self
+            .runs
+            .values()
+            .map(|r| LiveRun {
+                workdir: r.workdir.clone(),
+                workspace: r.workspace.clone(),
+                who: super::who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.workdir, &a.workspace).cmp(&(&b.workdir, &b.workspace)));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::locks::record::{Heartbeat, FORMAT};
+    use crate::locks::recorder::tests::me;
+
+    const TTL: Duration = Duration::from_secs(30);
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    const T0: u64 = 1_800_000_000_000;
+
+    fn book(t: Instant) -> Book {
+        Book::new(
+            Path::new("/state"),
+            me(),
+            TTL,
+            TIMEOUT,
+            true,
+            "pod-a".into(),
+            t,
+        )
+    }
+
+    fn table(at: Instant, records: Vec<Entry>, heartbeats: Vec<Heartbeat>) -> Table {
+        Table {
+            scanned: at,
+            records,
+            heartbeats: heartbeats
+                .into_iter()
+                .map(|h| (h.owner.name.clone(), h))
+                .collect(),
+        }
+    }
+
+    fn opened(t: Instant, table: Table) -> Completion {
+        let _ = t;
+        Completion::Opened {
+            result: Ok(()),
+            table: Some(table),
+            passwd_user: None,
+        }
+    }
+
+    fn open_book(t: Instant) -> Book {
+        let mut b = book(t);
+        b.on_completion(opened(t, table(t, vec![], vec![])), t, T0);
+        b
+    }
+
+    fn other(name: &str, started_ms: u64) -> Owner {
+        Owner {
+            name: name.into(),
+            started_ms,
+            ..me()
+        }
+    }
+
+    fn entry(path: &str, workdir: &str, owner: Owner, updated_ms: u64) -> Entry {
+        Entry {
+            path: path.into(),
+            workdir: workdir.into(),
+            facts: Facts {
+                owner,
+                updated_ms,
+                ended: None,
+                needs_person_by: None,
+            },
+        }
+    }
+
+    fn logs(ev: &[Event]) -> Vec<String> {
+        ev.iter()
+            .filter_map(|e| match e {
+                Event::Log(n) => Some(n.message()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn begin(b: &mut Book, run: &str, now: Instant) -> Start {
+        b.begin(run, Path::new("/tf/x"), "default", &[], now)
+    }
+
+    #[test]
+    fn a_run_waits_for_its_record_and_starts_when_it_lands() {
+        let t = Instant::now();
+        let mut b = book(t);
+        assert_eq!(b.view(t).state, "opening");
+        assert_eq!(
+            begin(&mut b, "r1", t),
+            Start::Record {
+                deadline: t + TIMEOUT
+            }
+        );
+        let ev = b.on_completion(opened(t, table(t, vec![], vec![])), t, T0);
+        assert!(
+            logs(&ev)[0].contains("lock-owner records enabled"),
+            "{ev:?}"
+        );
+        assert_eq!(b.state(), StoreState::Open);
+        assert!(b.tick(t + Duration::from_secs(1)).is_empty(), "not due yet");
+        let ev = b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t,
+            T0,
+        );
+        assert_eq!(
+            ev,
+            [Event::Start {
+                run: "r1".into(),
+                recorded: true
+            }]
+        );
+        assert_eq!(
+            b.record("r1"),
+            Some(&RecordStatus::Written { path: "p1".into() })
+        );
+        assert!(b.progress("r1", vec!["a".into()]).is_some());
+        // Runs the book does not know (not state-locking) never write progress.
+        assert!(b.progress("other", vec!["a".into()]).is_none());
+    }
+
+    #[test]
+    fn a_record_that_does_not_land_in_time_makes_the_store_not_answering() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, "r1", t);
+        assert_eq!(b.next_wakeup(), Some(t + TIMEOUT));
+        assert!(b.tick(t + TIMEOUT - Duration::from_millis(1)).is_empty());
+        let ev = b.tick(t + TIMEOUT);
+        assert!(
+            logs(&ev)[0].contains("the state volume did not answer within TFINIT_RECORD_TIMEOUT")
+        );
+        assert!(ev.contains(&Event::Start {
+            run: "r1".into(),
+            recorded: false
+        }));
+        assert_eq!(b.record("r1"), Some(&RecordStatus::Abandoned));
+        assert_eq!(b.view(t + TIMEOUT).state, "not_answering");
+        // The next locking runs start at once, warned once a minute.
+        let t1 = t + TIMEOUT + Duration::from_secs(1);
+        assert_eq!(begin(&mut b, "r2", t1), Start::Unrecorded(None));
+        let t2 = t + TIMEOUT + NOT_ANSWERING_EVERY;
+        match begin(&mut b, "r3", t2) {
+            Start::Unrecorded(Some(n)) => {
+                assert!(n.message().contains("state volume is not answering"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            begin(&mut b, "r4", t2 + Duration::from_secs(59)),
+            Start::Unrecorded(None)
+        );
+        // The late create lands: the volume answers again, and the live run's record counts.
+        let ev = b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t2,
+            T0,
+        );
+        assert!(logs(&ev)[0].contains("state volume answers again"));
+        assert!(
+            !ev.iter().any(|e| matches!(e, Event::Start { .. })),
+            "r1 already started"
+        );
+        assert_eq!(b.state(), StoreState::Open);
+        // The heartbeat is old by now (r1's record is on the volume): stale until written.
+        assert!(matches!(
+            begin(&mut b, "r5", t2),
+            Start::Unrecorded(Some(_))
+        ));
+        b.on_completion(
+            Completion::Heartbeat {
+                result: Ok(()),
+                stamped: t2,
+                wall_ms: T0,
+            },
+            t2,
+            T0,
+        );
+        assert!(matches!(begin(&mut b, "r6", t2), Start::Record { .. }));
+    }
+
+    #[test]
+    fn a_store_that_fails_to_open_warns_once_and_runs_start_without_records() {
+        let t = Instant::now();
+        let mut b = book(t);
+        begin(&mut b, "r1", t);
+        let ev = b.on_completion(
+            Completion::Opened {
+                result: Err("read-only file system".into()),
+                table: None,
+                passwd_user: None,
+            },
+            t,
+            T0,
+        );
+        assert_eq!(logs(&ev).len(), 1);
+        assert!(logs(&ev)[0].contains("TFINIT_STATE_DIR is not usable"));
+        assert!(ev.contains(&Event::Start {
+            run: "r1".into(),
+            recorded: false
+        }));
+        assert_eq!(begin(&mut b, "r2", t), Start::Unrecorded(None));
+        assert_eq!(b.view(t).state, "failed");
+        assert!(
+            b.tick(t + TTL).is_empty(),
+            "no heartbeat for a failed store"
+        );
+        assert_eq!(b.exited("r2", None, vec![]), None, "nothing to remove");
+    }
+
+    #[test]
+    fn a_failed_create_starts_the_run_with_todays_warning() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, "r1", t);
+        let ev = b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Err("no space left".into()),
+            },
+            t,
+            T0,
+        );
+        assert!(logs(&ev)[0].contains("cannot write the lock-owner record"));
+        assert!(ev.contains(&Event::Start {
+            run: "r1".into(),
+            recorded: false
+        }));
+        assert_eq!(b.exited("r1", None, vec![]), None);
+    }
+
+    #[test]
+    fn a_stale_heartbeat_is_one_error_and_new_runs_go_without_records() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        let hb_due = t + TTL / 3;
+        assert_eq!(
+            b.tick(hb_due),
+            [],
+            "the recorder keeps the heartbeat's clock"
+        );
+        // No records of ours on the volume: an old heartbeat is no risk yet.
+        assert!(!b.heartbeat_stale(t + TTL));
+        begin(&mut b, "r1", t);
+        b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t,
+            T0,
+        );
+        let late = t + TTL / 2 + Duration::from_millis(2);
+        assert!(b.next_wakeup().is_some_and(|w| w <= late));
+        let ev = b.tick(late);
+        assert_eq!(logs(&ev).len(), 1, "{ev:?}");
+        assert!(logs(&ev)[0].contains("heartbeat has not been written for"));
+        assert!(
+            b.tick(late + Duration::from_secs(1))
+                .iter()
+                .all(|e| !matches!(e, Event::Log(_))),
+            "reported once"
+        );
+        assert_eq!(b.view(late).state, "heartbeat_stale");
+        assert_eq!(b.view(late).heartbeat_age, Some(late - t));
+        match begin(&mut b, "r2", late) {
+            Start::Unrecorded(Some(n)) => assert!(n.message().contains("heartbeat is stale")),
+            other => panic!("{other:?}"),
+        }
+        let ev = b.on_completion(
+            Completion::Heartbeat {
+                result: Ok(()),
+                stamped: late,
+                wall_ms: T0,
+            },
+            late,
+            T0,
+        );
+        assert!(logs(&ev)[0].contains("heartbeat written again"));
+        assert_eq!(b.view(late).state, "open");
+        assert!(matches!(begin(&mut b, "r3", late), Start::Record { .. }));
+        // A failed heartbeat changes nothing by itself.
+        let ev = b.on_completion(
+            Completion::Heartbeat {
+                result: Err("EIO".into()),
+                stamped: late,
+                wall_ms: T0,
+            },
+            late,
+            T0,
+        );
+        assert!(ev.is_empty());
+    }
+
+    #[test]
+    fn dead_owners_are_decided_at_lookup_time() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let hb = Heartbeat {
+            v: FORMAT,
+            owner: other("pod-b", T0 - 100_000),
+            updated_ms: T0,
+        };
+        let mine = entry("mine", "/tf/mine", me(), T0);
+        let mut ended_mine = entry("ended", "/tf/ended", me(), T0);
+        ended_mine.facts.ended = Some(Ended {
+            ms: T0,
+            how: "killed by SIGKILL".into(),
+        });
+        b.on_completion(
+            opened(
+                t,
+                table(
+                    t,
+                    vec![
+                        entry("b", "/tf/b", other("pod-b", T0 - 100_000), T0 - 50_000),
+                        entry("c", "/tf/c", other("pod-c", T0 - 100_000), T0),
+                        mine,
+                        ended_mine,
+                    ],
+                    vec![hb],
+                ),
+            ),
+            t,
+            T0,
+        );
+        let ttl_ms = TTL.as_millis() as u64;
+        // pod-b's heartbeat is fresh until T0 + TTL, then it is dead.
+        assert!(!b.needs_recovery(Path::new("/tf/b"), T0 + ttl_ms));
+        assert!(b.needs_recovery(Path::new("/tf/b"), T0 + ttl_ms + 1));
+        // pod-c has no heartbeat: its record's own age counts.
+        assert!(!b.needs_recovery(Path::new("/tf/c"), T0 + ttl_ms));
+        assert!(b.needs_recovery(Path::new("/tf/c"), T0 + ttl_ms + 1));
+        // Our own live record never; our own ended one always.
+        assert!(!b.needs_recovery(Path::new("/tf/mine"), T0 + 100 * ttl_ms));
+        assert!(b.needs_recovery(Path::new("/tf/ended"), T0));
+        assert!(!b.needs_recovery(Path::new("/tf/elsewhere"), T0 + 100 * ttl_ms));
+        // TFINIT_FORCE_UNLOCK=off: never.
+        b.auto_unlock = false;
+        assert!(!b.needs_recovery(Path::new("/tf/ended"), T0));
+    }
+
+    #[test]
+    fn a_recovery_waits_for_end_markings_and_its_rescan() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, "r1", t);
+        b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t,
+            T0,
+        );
+        let w = Path::new("/tf/x");
+        assert!(b.may_recover(w));
+        let end = Ended {
+            ms: T0,
+            how: "killed by SIGKILL".into(),
+        };
+        let req = b.exited("r1", Some(end.clone()), vec!["a".into()]);
+        assert_eq!(
+            req,
+            Some(Request::End {
+                run: "r1".into(),
+                ended: end,
+                in_progress: vec!["a".into()]
+            })
+        );
+        assert!(!b.may_recover(w), "the end-marking is still queued");
+        assert!(b.may_recover(Path::new("/tf/other")));
+        assert!(
+            b.needs_recovery(w, T0),
+            "an end-marking on its way makes the directory need a recovery, which waits for it"
+        );
+        let t1 = t + Duration::from_secs(1);
+        b.on_completion(
+            Completion::Ended {
+                run: "r1".into(),
+                result: Ok(()),
+            },
+            t1,
+            T0,
+        );
+        assert!(b.may_recover(w));
+        // The ended record counts before any rescan shows it.
+        assert!(b.needs_recovery(w, T0));
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(b.recovery_done(w, t2), Request::Rescan);
+        assert!(
+            !b.needs_recovery(w, T0),
+            "resolved until the rescan says otherwise"
+        );
+        // A table scanned before the recovery ended does not bring the record back...
+        b.on_completion(Completion::Table(table(t1, vec![], vec![])), t2, T0);
+        assert!(!b.needs_recovery(w, T0));
+        // ...one scanned after it tells the truth: the record is still there (recovery failed).
+        let mut left = entry("p1", "/tf/x", me(), T0);
+        left.facts.ended = Some(Ended {
+            ms: T0,
+            how: "killed by SIGKILL".into(),
+        });
+        b.on_completion(
+            Completion::Table(table(t2 + Duration::from_millis(1), vec![left], vec![])),
+            t2,
+            T0,
+        );
+        assert!(b.needs_recovery(w, T0));
+    }
+
+    #[test]
+    fn a_refused_recording_run_removes_its_late_record_and_a_removal_hides_it() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, "r1", t);
+        // Shutdown refuses the run while its create is in flight.
+        assert_eq!(
+            b.exited("r1", None, vec![]),
+            Some(Request::Remove { run: "r1".into() })
+        );
+        assert_eq!(b.record("r1"), None);
+        assert!(b.live_runs().is_empty());
+        // The create lands late: nothing starts; the removal queued behind it is tracked.
+        let ev = b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t,
+            T0,
+        );
+        assert!(ev.is_empty(), "{ev:?}");
+        assert!(!b.may_recover(Path::new("/tf/x")));
+        let t1 = t + Duration::from_secs(1);
+        b.on_completion(
+            Completion::Removed {
+                run: "r1".into(),
+                result: Ok(()),
+            },
+            t1,
+            T0,
+        );
+        assert!(b.may_recover(Path::new("/tf/x")));
+        // A table scanned before the removal still lists it: the removal wins.
+        let mut stale = entry("p1", "/tf/x", me(), T0);
+        stale.facts.ended = Some(Ended {
+            ms: T0,
+            how: "x".into(),
+        });
+        b.on_completion(Completion::Table(table(t, vec![stale], vec![])), t1, T0);
+        assert!(!b.needs_recovery(Path::new("/tf/x"), T0));
+    }
+
+    #[test]
+    fn live_runs_carry_the_who_terraform_will_write() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let env = vec![
+            "USER=bob".to_string(),
+            "HOME=/home/bob".to_string(),
+            "X=1".to_string(),
+        ];
+        b.begin("r1", Path::new("/tf/x"), "staging", &env, t);
+        b.begin("r2", Path::new("/tf/y"), "default", &[], t);
+        let who: Vec<String> = b.live_runs().into_iter().map(|r| r.who).collect();
+        assert_eq!(who, ["bob@pod-a", "@pod-a"]);
+        b.on_completion(
+            Completion::Opened {
+                result: Ok(()),
+                table: Some(table(t, vec![], vec![])),
+                passwd_user: Some("app".into()),
+            },
+            t,
+            T0,
+        );
+        let runs = b.live_runs();
+        assert_eq!(runs[0].who, "app@pod-a");
+        assert_eq!(runs[0].workspace, "staging");
+        assert_eq!(runs[1].workdir, Path::new("/tf/y"));
+    }
+
+    #[test]
+    fn an_end_marking_on_its_way_already_makes_its_directory_need_a_recovery() {
+        let now = Instant::now();
+        let mut b = open_book(now);
+        let wd = Path::new("/tf/a");
+        assert!(matches!(
+            b.begin("r1", wd, "default", &[], now),
+            Start::Record { .. }
+        ));
+        b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok(PathBuf::from("/s/records/r1.json")),
+            },
+            now,
+            0,
+        );
+        assert!(
+            !b.needs_recovery(wd, 0),
+            "a live run's record is not a dead one"
+        );
+        let ended = Ended {
+            ms: 1,
+            how: "killed by SIGKILL".into(),
+        };
+        assert!(matches!(
+            b.exited("r1", Some(ended), vec![]),
+            Some(Request::End { .. })
+        ));
+        assert!(b.needs_recovery(wd, 0), "the end-marking is queued");
+        assert!(!b.may_recover(wd), "but the recovery waits for it");
+        assert!(
+            !b.needs_recovery(Path::new("/tf/b"), 0),
+            "other directories are not concerned"
+        );
+    }
+}

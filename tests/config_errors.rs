@@ -78,6 +78,13 @@ const SETTINGS: &[Setting] = &[
         good: "20s",
     },
     Setting {
+        var: "TFINIT_RECORD_TIMEOUT",
+        flag: "--record-timeout",
+        example: "30s",
+        bad: DURATION_BAD,
+        good: "10s",
+    },
+    Setting {
         var: "TFINIT_FORWARD",
         flag: "--forward",
         example: "group",
@@ -170,6 +177,7 @@ fn run(env: &[(&str, &OsStr)], args: &[&str]) -> Outcome {
     let marker = tmp.join("started");
     std::fs::create_dir_all(tmp.join("state")).unwrap();
     let mut c = Command::new(tfinit());
+    common::scrub(&mut c);
     for s in SETTINGS {
         c.env_remove(s.var);
     }
@@ -416,7 +424,7 @@ fn the_example_in_a_budget_message_is_itself_a_good_value() {
 #[test]
 fn without_a_command_tfinit_exits_2_and_shows_the_usage() {
     let mut c = Command::new(tfinit());
-    c.env("TFINIT_RUN_DIR", "/nonexistent-run-dir");
+    common::scrub(&mut c).env("TFINIT_RUN_DIR", "/nonexistent-run-dir");
     let out = common::run_output(&mut c, Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -368,6 +368,21 @@ fn messages() -> Vec<Message> {
                 out.push(m);
             }
         }
+        // The texts of log notices built in one place and logged as "{m}" (locks::book's
+        // Notice::message): each `format!` in a `fn message(&self) -> String`.
+        if let Some(start) = text.find("fn message(&self) -> String") {
+            let end = text[start..]
+                .find("\n    }\n")
+                .map_or(text.len(), |e| start + e);
+            let mut from = start;
+            while let Some(i) = text[from..end].find("format!(") {
+                let at = from + i;
+                from = at + "format!(".len();
+                if let Some(m) = message_at(&text, at, from, &rel, "notice") {
+                    out.push(m);
+                }
+            }
+        }
         // Literals that start with "tfinit: " wherever they are (format! texts shown to users).
         let mut from = 0;
         while let Some(i) = text[from..].find("\"tfinit: ") {
@@ -411,8 +426,12 @@ fn the_message_scanner_finds_known_messages_and_what_an_entry_must_quote() {
     // make the next test pass vacuously).
     for (kind, phrase) in [
         (
-            "warn!",
+            "notice",
             "TFINIT_STATE_DIR is not usable: tfinit keeps working without lock-owner records",
+        ),
+        (
+            "warn!",
+            "terraform ended without releasing its state lock for sure",
         ),
         (
             "eprintln!",

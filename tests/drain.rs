@@ -6,9 +6,9 @@
 //! once none is in flight, or 1 after its timeout listing the runs still going. Real-terraform
 //! tests run in both shapes: panicwrap (default) and one process (TF_FORK=0).
 
+#[macro_use]
 mod common;
 #[path = "fixtures/slow/mod.rs"]
-#[macro_use]
 mod slow;
 
 use std::time::{Duration, Instant};

@@ -6,181 +6,32 @@
 //! --nocapture` shows the `load:` lines; docs/reliability.md has the figures).
 
 mod common;
-use common::{children_of, collect, tfinit_under, TFINIT_VARS};
+#[path = "common/helper_init.rs"]
+mod helper_init;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fake_terraform_dir, helper, read, shim_dir, tfinit, wait_for, TempDir};
+use common::{fake_terraform_dir, helper, read, shim_dir, wait_for, TempDir};
+use helper_init::*;
 
 /// Generous bound for anything that should take a few seconds.
 const SOON: Duration = Duration::from_secs(120);
+/// A removal is one unlink plus a directory fsync on a local disk; this is room for a loaded machine.
+const RECORDS_DRAIN: Duration = Duration::from_secs(10);
 
-/// The tests here run one at a time: each alone fills the machine's two cores.
-static HEAVY: Mutex<()> = Mutex::new(());
-
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A tfinit running as PID 1 with a `helper signals` controller that exits 0 on SIGTERM.
-struct Init {
-    child: Child,
-    /// tfinit's pid as this test sees it.
-    pid: i32,
-    stderr: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
-    run_dir: PathBuf,
-    state_dir: PathBuf,
-    /// What the controller recorded (`ready main PID`, `main SIGRTMIN+1`, ...).
-    signals_log: PathBuf,
-}
-
-/// Children of `pid` named terraform.
-fn terraform_children_of(pid: i32) -> usize {
-    children_of(pid)
-        .into_iter()
-        .filter(|p| read(Path::new(&format!("/proc/{p}/comm"))).trim() == "terraform")
-        .count()
-}
-
-fn sh_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
-}
-
-/// The init's resources as /proc shows them.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    /// Peak resident set (VmHWM), KiB.
-    peak_rss_kib: u64,
-    /// Resident set now (VmRSS), KiB.
-    rss_kib: u64,
-    /// User + system CPU time, ms.
-    cpu_ms: u64,
-}
-
-impl Init {
-    /// Starts tfinit as PID 1; the controller first runs `controller_first` (shell) when given.
-    fn start(tmp: &TempDir, env: &[(&str, &str)], controller_first: &str) -> Init {
-        let run_dir = tmp.join("run");
-        let state_dir = tmp.join("state");
-        std::fs::create_dir_all(&state_dir).unwrap();
-        let signals_log = tmp.join("controller.log");
-        let mut c = Command::new("unshare");
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-        c.arg(tfinit()).arg("--");
-        if controller_first.is_empty() {
-            c.arg(helper())
-                .arg("signals")
-                .arg(&signals_log)
-                .args(["--exit-on", "TERM"]);
-        } else {
-            c.args([
-                "sh",
-                "-c",
-                &format!(
-                    "{controller_first}\nexec {} signals {} --exit-on TERM",
-                    sh_quote(&helper()),
-                    sh_quote(&signals_log)
-                ),
-            ]);
-        }
-        for v in TFINIT_VARS {
-            c.env_remove(v);
-        }
-        c.env("TFINIT_RUN_DIR", &run_dir)
-            .env("TFINIT_STATE_DIR", &state_dir)
-            .env("TFINIT_OWNER", "load")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("spawn unshare");
-        let (stderr, reader) = collect(child.stderr.take().unwrap());
-        let pid = tfinit_under(child.id() as i32, Duration::from_secs(60));
-        let init = Init {
-            child,
-            pid,
-            stderr,
-            reader: Some(reader),
-            run_dir,
-            state_dir,
-            signals_log,
-        };
-        wait_for(SOON, "the controller to be ready", || {
-            read(&init.signals_log).contains("ready main").then_some(())
-        });
-        init
+/// The load tests' init: owner `load`, `env` added, the controller running `controller_first`
+/// (shell) first when not empty.
+fn load_setup<'a>(env: &'a [(&'a str, &'a str)], controller_first: &'a str) -> Setup<'a> {
+    Setup {
+        controller_first,
+        owner: Some("load"),
+        env,
+        ..Setup::default()
     }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) with plain integers.
-        let rc = unsafe { libc::kill(self.pid, sig) };
-        assert_eq!(rc, 0, "kill({}, {sig})", self.pid);
-    }
-
-    /// The init's RSS and CPU time (/proc/PID/status and /proc/PID/stat: the same files the
-    /// namespace sees as /proc/1/...).
-    fn usage(&self) -> Usage {
-        let status = read(Path::new(&format!("/proc/{}/status", self.pid)));
-        let kib = |field: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.pid))
-        };
-        let stat = read(Path::new(&format!("/proc/{}/stat", self.pid)));
-        // After the command's ")": state is field 3, utime field 14, stime field 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(") ")
-            .map_or("", |(_, r)| r)
-            .split(' ')
-            .collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        // SAFETY: sysconf with a valid name.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        Usage {
-            peak_rss_kib: kib("VmHWM"),
-            rss_kib: kib("VmRSS"),
-            cpu_ms: ticks * 1000 / hz,
-        }
-    }
-
-    /// terraform processes the init is the parent of now.
-    fn terraform_children(&self) -> usize {
-        terraform_children_of(self.pid)
-    }
-
-    /// Stops the init with SIGTERM (the controller exits 0 on it) and checks it exited 0.
-    fn stop_cleanly(mut self) -> String {
-        self.signal(libc::SIGTERM);
-        let status: ExitStatus = common::wait_child(&mut self.child, SOON, "tfinit after SIGTERM");
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        let log = self.stderr.lock().unwrap().clone();
-        assert_eq!(status.code(), Some(0), "tfinit log:\n{log}");
-        assert!(!log.contains("panicked"), "{log}");
-        log
-    }
-}
-
-impl Drop for Init {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn root() -> bool {
-    common::require(common::is_root(), "root (PID namespaces)")
 }
 
 /// Record files left in the state directory.
@@ -188,6 +39,20 @@ fn records(state_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(state_dir.join("records"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default()
+}
+
+/// Waits until no record is left. The recorder removes a run's record after the loop has seen it
+/// exit, beside the loop, so the last removals may land just after the shims returned.
+fn assert_records_drain(state_dir: &Path) {
+    let deadline = std::time::Instant::now() + RECORDS_DRAIN;
+    while !records(state_dir).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "records left behind {RECORDS_DRAIN:?} after every run ended: {:?}",
+            records(state_dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -198,7 +63,7 @@ fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output
     let _g = heavy();
     const N: usize = 256;
     let tmp = TempDir::new("load-256");
-    let init = Init::start(&tmp, &[], "");
+    let init = Init::start(&tmp, load_setup(&[], ""));
     let shim = shim_dir(&tmp);
     let fake = fake_terraform_dir(&tmp);
     let path = common::path_with(&[&shim, &fake]);
@@ -221,7 +86,8 @@ fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output
             vec!["output".into(), "-json".into(), format!("run{i}")]
         };
         let mut c = Command::new(shim.join("terraform"));
-        c.args(&args)
+        common::scrub(&mut c)
+            .args(&args)
             .current_dir(&work)
             .env("PATH", &path)
             .env("TFINIT_RUN_DIR", &init.run_dir)
@@ -271,7 +137,7 @@ fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output
         assert_eq!(stderr, format!("cwd: {}\n", cwd.display()), "run {i}");
     }
     // Every state-locking run ended normally: no record is left behind.
-    assert_eq!(records(&init.state_dir), Vec::<PathBuf>::new());
+    assert_records_drain(&init.state_dir);
     eprintln!(
         "load: {N} runs at once: all running after {all_running:.1}s, all done after {secs:.1}s; init RSS {} KiB before, {} KiB with all running, peak {} KiB; init CPU {} ms for the lot",
         before.rss_kib,
@@ -308,7 +174,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
     let _g = heavy();
     const N: usize = 16;
     let tmp = TempDir::new("load-real");
-    let init = Init::start(&tmp, &[], "");
+    let init = Init::start(&tmp, load_setup(&[], ""));
     let shim = shim_dir(&tmp);
     let bin = terraform_bin().parent().unwrap().to_path_buf();
     let path = common::path_with(&[&shim, &bin]);
@@ -325,7 +191,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
         })
         .collect();
     let terraform = |dir: &Path, args: &[&str]| -> Child {
-        Command::new(shim.join("terraform"))
+        common::scrub(&mut Command::new(shim.join("terraform")))
             .args(args)
             .current_dir(dir)
             .env("PATH", &path)
@@ -420,11 +286,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
             "plan {i}: {stdout}"
         );
     }
-    assert_eq!(
-        records(&init.state_dir),
-        Vec::<PathBuf>::new(),
-        "records left behind"
-    );
+    assert_records_drain(&init.state_dir);
     // Each plan takes seconds and all 16 were asked for within milliseconds.
     assert!(
         peak_running >= N / 2,
@@ -457,15 +319,12 @@ fn signals_to_the_init_during_ten_thousand_orphan_exits_all_reach_the_controller
     // The controller starts the burst in the background, then becomes the signal recorder (the
     // same pid: the init forwards to it). Forwarding to the controller alone keeps the real-time
     // signals (whose default action is to terminate) away from the burst's processes.
-    let init = Init::start(
-        &tmp,
-        &[("TFINIT_FORWARD", "child")],
-        &format!(
-            "{} orphans {ORPHANS} --deadline-s 110 >{} 2>&1 &",
-            sh_quote(&helper()),
-            sh_quote(&burst)
-        ),
+    let first = format!(
+        "{} orphans {ORPHANS} --deadline-s 110 >{} 2>&1 &",
+        sh_quote(&helper()),
+        sh_quote(&burst)
     );
+    let init = Init::start(&tmp, load_setup(&[("TFINIT_FORWARD", "child")], &first));
     // Real-time signals queue (standard ones coalesce, so their count proves nothing): three
     // kinds, interleaved, a hundred of each, sent while the orphans fork and exit.
     let rtmin = libc::SIGRTMIN();

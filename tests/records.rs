@@ -1,70 +1,62 @@
 //! Lock-owner records and heartbeats on disk, with a fake terraform (an sh script after the shim on
 //! PATH): when a record is written and removed, what it holds and never holds, the heartbeat,
 //! damaged record files and unusable state directories. tfinit runs as PID 1 of a PID and UTS
-//! namespace (a pod). The recovery of real locks is in tests/locks.rs.
+//! namespace (a pod). The recovery of real locks is in tests/locks_*.rs.
 
 mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use common::{shim_dir, tfinit, wait_for, TempDir};
+use common::pods::{now_ms, walk, Place, Pod, PodSpec, STEP};
+use common::{tfinit, wait_for};
 
 /// A uid without a passwd entry.
 const NOBODY_UID: u32 = 4321;
 
-/// Bound for anything that takes a few seconds at most.
-const STEP: Duration = Duration::from_secs(60);
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
+/// The pods' TFINIT_OWNER_TTL.
+const TTL: Duration = Duration::from_secs(3);
 
 /// A pod's world: a state dir, a working directory, the shim and a fake terraform (`script` is
 /// its body; it sees $STATE, $OUT).
 struct World {
-    tmp: TempDir,
-    state: PathBuf,
-    ws: PathBuf,
+    place: Place,
     path: String,
+}
+
+impl std::ops::Deref for World {
+    type Target = Place;
+    fn deref(&self) -> &Place {
+        &self.place
+    }
 }
 
 impl World {
     fn new(name: &str, fake_terraform: &str) -> World {
-        let tmp = TempDir::new(name);
-        let state = tmp.join("state");
-        let ws = tmp.join("ws");
-        fs::create_dir_all(&state).unwrap();
-        fs::create_dir_all(&ws).unwrap();
-        let fake = tmp.join("fake");
+        let mut place = Place::new(name, None, TTL);
+        let fake = place.tmp.join("fake");
         fs::create_dir_all(&fake).unwrap();
         let tf = fake.join("terraform");
         fs::write(&tf, format!("#!/bin/sh\n{fake_terraform}\n")).unwrap();
         fs::set_permissions(&tf, fs::Permissions::from_mode(0o755)).unwrap();
-        let path = format!(
-            "{}:{}:/usr/bin:/bin",
-            shim_dir(&tmp).display(),
-            fake.display()
-        );
-        let w = World {
-            tmp,
-            state,
-            ws,
-            path,
-        };
+        let path = format!("{}:{}:/usr/bin:/bin", place.shim.display(), fake.display());
+        place.terraform_dir = fake;
+        let w = World { place, path };
         w.chown_all();
         w
     }
 
     fn chown_all(&self) {
+        if !common::is_root() {
+            // A normal user: the files are already ours, and so are the pods (root in their user
+            // namespace is this user); only root can give them to another uid.
+            return;
+        }
         let st = Command::new("chown")
             .args(["-R", &format!("{NOBODY_UID}:{NOBODY_UID}")])
             .arg(&self.tmp.0)
@@ -77,42 +69,23 @@ impl World {
         self.tmp.join("out")
     }
 
-    /// Starts a pod named `name` (as `uid` when given) whose controller is the sh `script`.
+    /// Starts a pod named `name` (as `uid` when given) whose controller is the sh `script`; the
+    /// fake terraform sees $STATE and $OUT.
     fn pod(&self, name: &str, uid: Option<u32>, script: &str, env: &[(&str, &str)]) -> Pod {
-        let log = self.tmp.join(&format!("{name}-{}.log", now_ms()));
-        let f = fs::File::create(&log).unwrap();
-        let drop_privileges = match uid {
-            Some(u) => format!("setpriv --reuid {u} --regid {u} --clear-groups "),
-            None => String::new(),
-        };
-        let mut c = Command::new("unshare");
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
-            .arg("sh")
-            .arg("-c")
-            .arg(format!(
-                "hostname {name} && exec {drop_privileges}\"$0\" \"$@\""
-            ))
-            .arg(tfinit())
-            .args(["--", "sh", "-c", script])
-            .current_dir(&self.ws)
-            .env_clear()
-            .env("PATH", &self.path)
-            .env("STATE", &self.state)
-            .env("OUT", self.out())
-            .env("TFINIT_STATE_DIR", &self.state)
-            .env("TFINIT_RUN_DIR", self.tmp.join(&format!("run-{name}")))
-            .env("TFINIT_OWNER_TTL", "3s")
-            .env("TFINIT_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        Pod {
-            child: c.spawn().unwrap(),
-            log,
-        }
+        let mut all = vec![
+            ("STATE", self.state.display().to_string()),
+            ("OUT", self.out().display().to_string()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        Pod::start(
+            self,
+            PodSpec {
+                name,
+                uid,
+                script: script.to_string(),
+                env: all,
+            },
+        )
     }
 
     fn record_files(&self) -> Vec<PathBuf> {
@@ -138,46 +111,13 @@ impl World {
     }
 }
 
-struct Pod {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Pod {
-    fn wait(&mut self) -> ExitStatus {
-        common::wait_child(&mut self.child, STEP, "pod")
-    }
-
-    fn log(&self) -> String {
-        common::read(&self.log)
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn have_deps() -> bool {
-    common::require(common::is_root(), "root (PID namespaces, setpriv)")
+    common::can_unshare()
 }
 
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
+/// For the tests whose pod runs as uid NOBODY_UID (setpriv): root only.
+fn have_root() -> bool {
+    common::require_root("the pod runs as uid 4321 (setpriv)")
 }
 
 /// The fake terraform copies the records dir as it is at its own start into $OUT.<n>, then exits
@@ -201,7 +141,7 @@ fn snapshot(w: &World, n: usize) -> Vec<Value> {
 
 #[test]
 fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itself() {
-    if !have_deps() {
+    if !have_deps() || !have_root() {
         return;
     }
     let w = World::new("rec-life", SNAPSHOT);
@@ -290,6 +230,45 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
 }
 
 #[test]
+fn the_record_names_the_workspace_the_shim_read_in_the_runs_data_directory() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("rec-ws", SNAPSHOT);
+    // -chdir=sub: the stored workspace is read in sub, not in the shim's cwd (which names another).
+    fs::create_dir_all(w.ws.join("sub/.terraform")).unwrap();
+    fs::create_dir_all(w.ws.join(".terraform")).unwrap();
+    fs::create_dir_all(w.ws.join("sub/data")).unwrap();
+    fs::write(w.ws.join("sub/.terraform/environment"), "staging\n").unwrap();
+    fs::write(w.ws.join(".terraform/environment"), "wrong").unwrap();
+    fs::write(w.ws.join("sub/data/environment"), "moved").unwrap();
+    w.chown_all();
+    let script = "terraform -chdir=sub apply -auto-approve && \
+                  TF_DATA_DIR=data terraform -chdir=sub apply -auto-approve && \
+                  TF_WORKSPACE=prod terraform -chdir=sub apply -auto-approve && \
+                  TF_DATA_DIR=nowhere terraform -chdir=sub apply -auto-approve";
+    let mut pod = w.pod("pod-ws", Some(NOBODY_UID), script, &[]);
+    assert!(pod.wait().success(), "{}", pod.log());
+    let workspace = |n: usize| {
+        let recs = snapshot(&w, n);
+        assert_eq!(recs.len(), 1, "run {n}: {recs:?}");
+        recs[0]["workspace"].as_str().unwrap_or("").to_string()
+    };
+    assert_eq!(
+        workspace(1),
+        "staging",
+        ".terraform/environment in cwd + -chdir"
+    );
+    assert_eq!(workspace(2), "moved", "$TF_DATA_DIR/environment");
+    assert_eq!(
+        workspace(3),
+        "prod",
+        "TF_WORKSPACE comes before the stored one"
+    );
+    assert_eq!(workspace(4), "default", "no stored workspace: default");
+}
+
+#[test]
 fn commands_that_take_no_lock_write_no_record() {
     if !have_deps() {
         return;
@@ -299,7 +278,7 @@ fn commands_that_take_no_lock_write_no_record() {
         r#"ls "$STATE"/records/*.json 2>/dev/null | wc -l | tr -d ' ' >> "$OUT""#,
     );
     let none = [
-        "init -input=false",
+        "init -input=false -backend=false",
         "output -json",
         "show -json",
         "version",
@@ -324,11 +303,17 @@ fn commands_that_take_no_lock_write_no_record() {
         "state mv a.b a.c",
         "state push x.tfstate",
         "state replace-provider -auto-approve a b",
+        // A remote backend's init takes the lock to create a missing state, whatever -lock says.
+        "init -input=false",
+        "init -input=false -lock=false",
     ];
+    // A finished run's record is removed by the recorder right after the shim got its exit code:
+    // before the next command, wait (with a deadline) until it is gone, so each count is its own.
+    let gone = r#"i=0; while ls "$STATE"/records/*.json >/dev/null 2>&1; do i=$((i+1)); if [ $i -gt 500 ]; then echo "a finished run's record stayed 5 s" >> "$OUT"; break; fi; sleep 0.01; done; "#;
     let script: String = none
         .iter()
         .chain(locking.iter())
-        .map(|c| format!("terraform {c}; "))
+        .map(|c| format!("terraform {c}; {gone}"))
         .collect();
     let mut pod = w.pod("pod-r", None, &script, &[]);
     assert!(pod.wait().success(), "{}", pod.log());
@@ -351,7 +336,9 @@ fn a_terraform_that_may_have_left_its_lock_keeps_its_record_marked_with_how_it_e
         r#"[ "$HOW" = none ] && exit 0
 echo "null_resource.x: Creating..."
 f=$(grep -l "/$HOW\"" "$STATE"/records/*.json)
-while ! grep -q null_resource.x "$f"; do sleep 0.05; done
+i=0; until grep -q null_resource.x "$f"; do
+  i=$((i+1)); [ $i -gt 1200 ] && { echo "waited 60 s for null_resource.x in the record $f" >&2; exit 3; }
+  sleep 0.05; done
 case "$HOW" in
   kill) kill -9 $$ ;;
   panicwrap) exit 255 ;;
@@ -366,6 +353,7 @@ esac"#,
     let script = "for h in kill panicwrap release fail; do (cd $h && HOW=$h terraform apply -auto-approve); done; true";
     let mut pod = w.pod("pod-r", None, script, &[]);
     assert!(pod.wait().success(), "{}", pod.log());
+    assert!(!pod.log().contains("waited 60 s"), "{}", pod.log());
     let recs = w.records();
     let by_dir = |d: &str| {
         recs.iter()
@@ -389,18 +377,35 @@ esac"#,
     );
     assert_eq!(recs.len(), 3);
 
-    // The next state-locking run in such a directory checks first; these directories were never
-    // initialised (local state), whose lock ends with its process: the record just goes.
-    let mut pod = w.pod("pod-r", None, "cd kill && HOW=none terraform plan", &[]);
+    // The next state-locking run in such a directory checks first. `kill` is initialised with
+    // local state (a data directory without a backend), whose lock ends with its process: the
+    // record just goes. `panicwrap` was never initialised: its backend is unknown (a new pod's
+    // fresh directory before its first init), so its record stays.
+    fs::create_dir_all(w.ws.join("kill/.terraform")).unwrap();
+    let mut pod = w.pod(
+        "pod-r",
+        None,
+        "(cd kill && HOW=none terraform plan); (cd panicwrap && HOW=none terraform plan)",
+        &[],
+    );
     pod.wait();
     let log = pod.log();
     assert!(
         log.contains("lock ends with its process; record removed"),
         "{log}"
     );
+    assert!(
+        log.contains("is not initialised") && log.contains("could not read the state lock"),
+        "{log}"
+    );
     assert_eq!(w.records().len(), 2);
+    assert!(by_dir("panicwrap").is_some());
 }
 
+/// The promise (docs/records.md): the heartbeat is refreshed every third of the TTL, so a reader
+/// never sees it older than TTL/3, plus 1 s of slack for a loaded machine. Checked at every read
+/// while the pod lives (4 s, more than one period); how regular the beats are is the benchmarks'
+/// business, not a test's.
 #[test]
 fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     if !have_deps() {
@@ -417,82 +422,87 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     let (first, hb, first_mtime) = wait_for(STEP, "the first heartbeat", read);
     assert_eq!(hb["v"], 1);
     assert_eq!(hb["owner"]["name"], "pod-r");
+    let bound = TTL.as_millis() as u64 / 3 + 1000;
     let mut beats = vec![first];
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(2600) {
+    let deadline = Instant::now() + STEP;
+    while pod.child.try_wait().expect("try_wait the pod").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the pod (sh -c 'sleep 4') still runs after {STEP:?}"
+        );
         if let Some((ms, v, mtime)) = read() {
+            let age = now_ms().saturating_sub(ms);
+            assert!(
+                age <= bound,
+                "the heartbeat is {age} ms old, more than TTL/3 + 1 s = {bound} ms; beats {beats:?}"
+            );
             if ms != *beats.last().unwrap() {
                 assert_eq!(v["owner"], hb["owner"], "the same incarnation");
                 assert!(mtime > first_mtime);
+                assert!(
+                    ms > *beats.last().unwrap(),
+                    "beats go forward: {beats:?} then {ms}"
+                );
                 beats.push(ms);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(pod.wait().success());
-    // TTL 3s: a beat every 1s, so two more within 2.6s, each about 1s after the last.
-    assert!(beats.len() >= 3, "{beats:?}");
-    for pair in beats.windows(2) {
-        let gap = pair[1] - pair[0];
-        assert!((900..=1600).contains(&gap), "gap {gap} ms in {beats:?}");
-    }
+    assert!(pod.wait().success(), "{}", pod.log());
+    // Over 4 s with an age bound of 2 s, the heartbeat must have been refreshed.
+    assert!(beats.len() >= 2, "no refresh in 4 s: {beats:?}");
 }
 
+/// Progress is written as soon as it is seen (issue: 5 of 78 orphans in the chaos run died inside
+/// the old once-a-second window, unnamed). The stand-in terraform prints one line, then waits
+/// until the record on the volume shows the set that line makes, before printing the next: each
+/// set is in the record before the next line is printed. `RECORD_WAIT` bounds each wait (a
+/// deadline for a loaded machine, not a measurement: the figure is in scripts/bench-storage.sh).
 #[test]
-fn the_in_progress_set_follows_the_output_and_is_rewritten_at_most_once_a_second() {
+fn each_in_progress_set_is_in_the_record_before_terraform_prints_its_next_line() {
     if !have_deps() {
         return;
     }
+    const RECORD_WAIT_CS: u32 = 1000;
     let w = World::new(
         "rec-progress",
-        r#"echo 'null_resource.a: Creating...'; echo 'null_resource.b[0]: Creating...'
-sleep 0.2; echo 'null_resource.a: Creation complete after 0s [id=1]'
-sleep 0.2; echo 'module.m.null_resource.c["x"]: Creating...'
-sleep 1.2; echo 'null_resource.b[0]: Creation complete after 1s [id=2]'
-sleep 2.5"#,
+        &format!(
+            r#"shows() {{ i=0; while [ $i -lt {RECORD_WAIT_CS} ]; do
+  cat "$STATE"/records/*.json 2>/dev/null | tr -d ' \n' | grep -qF "\"in_progress\":$1" && return 0
+  i=$((i+1)); sleep 0.01; done
+  echo "waited {RECORD_WAIT_CS} cs for the record to show in_progress $1" >&2; exit 3; }}
+echo 'null_resource.a: Creating...'; shows '["null_resource.a"]'
+echo 'null_resource.b[0]: Creating...'; shows '["null_resource.a","null_resource.b[0]"]'
+echo 'null_resource.a: Creation complete after 0s [id=1]'; shows '["null_resource.b[0]"]'
+echo 'module.m.null_resource.c["x"]: Creating...'; shows '["module.m.null_resource.c[\"x\"]","null_resource.b[0]"]'
+echo 'null_resource.b[0]: Creation complete after 1s [id=2]'; shows '["module.m.null_resource.c[\"x\"]"]'
+echo 'module.m.null_resource.c["x"]: Creation complete after 1s [id=3]'; shows '[]'"#
+        ),
     );
     let mut pod = w.pod("pod-r", None, "terraform apply -auto-approve", &[]);
-    let mut seen: Vec<(u64, Value)> = Vec::new();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(6) {
-        if let Some(r) = w.records().first() {
-            let ms = r["updated_ms"].as_u64().unwrap();
-            if seen.last().map(|(m, _)| *m) != Some(ms) {
-                seen.push((ms, r["in_progress"].clone()));
-            }
-        }
-        if pod.child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
     assert!(pod.wait().success(), "{}", pod.log());
-    let sets: Vec<&Value> = seen.iter().map(|(_, s)| s).collect();
-    assert_eq!(
-        sets.last().copied(),
-        Some(&json!(["module.m.null_resource.c[\"x\"]"])),
-        "{seen:?}"
-    );
+    let log = pod.log();
+    assert!(!log.contains("waited"), "{log}");
     assert!(
-        sets.contains(&&json!([
-            "module.m.null_resource.c[\"x\"]",
-            "null_resource.b[0]"
-        ])),
-        "{seen:?}"
+        w.records().is_empty(),
+        "terraform exited by itself: its record is removed"
     );
-    for pair in seen.windows(2) {
-        assert!(
-            pair[1].0 - pair[0].0 >= 990,
-            "rewritten {} ms apart: {seen:?}",
-            pair[1].0 - pair[0].0
-        );
-    }
-    assert!(w.records().is_empty());
+    // Negative case: a set that no line makes never shows, so the wait gives up with its message.
+    let w = World::new(
+        "rec-progress-neg",
+        r#"i=0; while [ $i -lt 100 ]; do
+  cat "$STATE"/records/*.json 2>/dev/null | tr -d ' \n' | grep -qF '"in_progress":["null_resource.z"]' && exit 0
+  i=$((i+1)); sleep 0.01; done
+echo "waited 100 cs for the record to show in_progress z" >&2; exit 3"#,
+    );
+    let mut pod = w.pod("pod-n", None, "terraform apply -auto-approve", &[]);
+    assert!(!pod.wait().success(), "{}", pod.log());
+    assert!(pod.log().contains("waited 100 cs"), "{}", pod.log());
 }
 
 #[test]
 fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
-    if !have_deps() {
+    if !have_deps() || !have_root() {
         return;
     }
     let w = World::new("rec-corrupt", "exit 0");
@@ -519,13 +529,14 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
     w.chown_all();
 
     // A dry run reports them and changes nothing.
-    let dry = Command::new(tfinit())
-        .args(["recover", "--dry-run"])
-        .env_clear()
-        .env("PATH", &w.path)
-        .env("TFINIT_STATE_DIR", &w.state)
-        .output()
-        .unwrap();
+    let dry = common::run_output(
+        Command::new(tfinit())
+            .args(["recover", "--dry-run"])
+            .env_clear()
+            .env("PATH", &w.path)
+            .env("TFINIT_STATE_DIR", &w.state),
+        STEP,
+    );
     let dry_text = String::from_utf8_lossy(&dry.stderr).to_string();
     assert_eq!(
         dry_text.matches("cannot be read (dry run").count(),
@@ -573,7 +584,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
 
 #[test]
 fn an_unusable_state_dir_gives_one_warning_and_terraform_still_runs() {
-    if !have_deps() {
+    if !have_deps() || !have_root() {
         return;
     }
     for case in ["missing", "a file", "read-only"] {

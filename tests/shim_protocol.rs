@@ -12,9 +12,7 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -23,67 +21,26 @@ use common::{wait_for, TempDir};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// tfinit as PID 1 with a controller that waits for SIGTERM; its log collected.
+/// tfinit as PID 1 (the shim tests' [`common::shim::Init`]: a controller that waits for SIGTERM,
+/// its log collected) in a temp dir of its own.
 struct Init {
-    unshare: Child,
-    pid: i32,
+    init: common::shim::Init,
     tmp: TempDir,
-    log: Arc<Mutex<Vec<u8>>>,
-    reader: Option<JoinHandle<()>>,
-    done: bool,
 }
 
 impl Init {
     fn start(name: &str) -> Init {
         let tmp = TempDir::new(name);
-        let mut cmd = common::pid1(None);
-        cmd.arg("--")
-            .arg(common::helper())
-            .args(["signals"])
-            .arg(tmp.join("controller.log"))
-            .args(["--exit-on", "TERM"])
-            .current_dir(&tmp.0)
-            .env("TFINIT_RUN_DIR", tmp.join("run"))
-            .env("TFINIT_STATE_DIR", tmp.join("run"))
-            .env("TFINIT_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut unshare = cmd.spawn().expect("start unshare");
-        let mut err = unshare.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        let upid = unshare.id();
-        let pid = common::tfinit_under(upid as i32, TIMEOUT);
-        let init = Init {
-            unshare,
-            pid,
-            tmp,
-            log,
-            reader: Some(reader),
-            done: false,
-        };
-        wait_for(TIMEOUT, "the control socket to answer", || {
-            init.status().ok()
-        });
-        init
+        let init = common::shim::Init::start(&tmp, &tmp.0, &[], None);
+        Init { init, tmp }
     }
 
     fn socket(&self) -> PathBuf {
-        self.tmp.join("run/tfinit.sock")
+        self.init.run_dir.join("tfinit.sock")
     }
 
     fn log(&self) -> String {
-        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
+        self.init.log()
     }
 
     fn connect(&self) -> UnixStream {
@@ -93,38 +50,33 @@ impl Init {
         s
     }
 
-    /// `tfinit status`, parsed.
+    /// `tfinit status`, parsed (within the harness's deadline).
     fn status(&self) -> Result<Value, String> {
-        let out = Command::new(common::tfinit())
-            .arg("status")
-            .env("TFINIT_RUN_DIR", self.tmp.join("run"))
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+        self.init
+            .try_status()
+            .ok_or_else(|| format!("`tfinit status` failed; the init's log:\n{}", self.log()))
     }
 
     /// The init still runs and a normal terraform run through the shim works end to end.
     fn assert_serves(&self, after: &str) {
         assert!(
-            std::fs::metadata(format!("/proc/{}", self.pid)).is_ok(),
+            std::fs::metadata(format!("/proc/{}", self.init.pid)).is_ok(),
             "after {after}: the init is gone\n{}",
             self.log()
         );
         let shim_dir = common::shim_dir(&self.tmp);
         let fake_dir = common::fake_terraform_dir(&self.tmp);
-        let out = Command::new(shim_dir.join("terraform"))
-            .args(["plan", "-input=false"])
-            .current_dir(&self.tmp.0)
-            .env("PATH", common::path_with(&[&shim_dir, &fake_dir]))
-            .env("TFINIT_RUN_DIR", self.tmp.join("run"))
-            .env("FAKE_TF_ECHO", "1")
-            .env("FAKE_TF_EXIT", "2")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run the shim");
+        let out = common::run_output(
+            common::scrub(&mut Command::new(shim_dir.join("terraform")))
+                .args(["plan", "-input=false"])
+                .current_dir(&self.tmp.0)
+                .env("PATH", common::path_with(&[&shim_dir, &fake_dir]))
+                .env("TFINIT_RUN_DIR", self.tmp.join("run"))
+                .env("FAKE_TF_ECHO", "1")
+                .env("FAKE_TF_EXIT", "2")
+                .stdin(Stdio::null()),
+            TIMEOUT,
+        );
         assert_eq!(
             out.status.code(),
             Some(2),
@@ -145,41 +97,13 @@ impl Init {
     }
 
     /// SIGTERM; the init must exit 0 without having panicked.
-    fn stop(mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let st = common::wait_child(&mut self.unshare, TIMEOUT, "tfinit");
-        self.done = true;
-        if let Some(r) = self.reader.take() {
-            r.join().unwrap();
-        }
-        let log = self.log();
-        assert!(!log.contains("panicked"), "{log}");
-        assert_eq!(st.code(), Some(0), "the init's exit code\n{log}");
+    fn stop(self) {
+        self.init.stop()
     }
 
     /// The init's peak resident memory, in KiB.
     fn peak_rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    }
-}
-
-impl Drop for Init {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.unshare.kill();
-            let _ = self.unshare.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("----- init log -----\n{}", self.log());
-        }
+        self.init.peak_rss_kib()
     }
 }
 
@@ -237,7 +161,7 @@ fn exchange(init: &Init, bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 #[test]
 fn malformed_frames_get_an_error_reply_and_the_init_keeps_serving() {
-    if !common::require(common::is_root(), "root (PID namespaces)") {
+    if !common::can_unshare() {
         return;
     }
     let init = Init::start("proto-malformed");
@@ -330,7 +254,7 @@ fn malformed_frames_get_an_error_reply_and_the_init_keeps_serving() {
 
 #[test]
 fn a_valid_request_sent_one_byte_at_a_time_is_answered() {
-    if !common::require(common::is_root(), "root (PID namespaces)") {
+    if !common::can_unshare() {
         return;
     }
     let init = Init::start("proto-drip");
@@ -350,7 +274,7 @@ fn a_valid_request_sent_one_byte_at_a_time_is_answered() {
 
 #[test]
 fn a_gibibyte_of_stream_garbage_is_cut_off_early_without_growing_the_init() {
-    if !common::require(common::is_root(), "root (PID namespaces)") {
+    if !common::can_unshare() {
         return;
     }
     let init = Init::start("proto-gib");
@@ -405,7 +329,7 @@ fn a_gibibyte_of_stream_garbage_is_cut_off_early_without_growing_the_init() {
 
 #[test]
 fn a_client_that_starts_a_run_and_disconnects_abandons_it_and_the_run_is_stopped() {
-    if !common::require(common::is_root(), "root (PID namespaces)") {
+    if !common::can_unshare() {
         return;
     }
     let init = Init::start("proto-disconnect");
@@ -457,7 +381,7 @@ fn a_client_that_starts_a_run_and_disconnects_abandons_it_and_the_run_is_stopped
 
 #[test]
 fn a_second_request_on_a_run_connection_ends_the_connection_not_the_run() {
-    if !common::require(common::is_root(), "root (PID namespaces)") {
+    if !common::can_unshare() {
         return;
     }
     let init = Init::start("proto-second");

@@ -13,9 +13,9 @@
 //! From the inside we check what must not happen: terraform never sees a second interrupt, the
 //! controller's group signal never reaches it, and the provider plugin never gets SIGTERM/SIGINT.
 
+#[macro_use]
 mod common;
 #[path = "fixtures/slow/mod.rs"]
-#[macro_use]
 mod slow;
 
 use std::time::Duration;
@@ -552,7 +552,7 @@ fn a_budget_that_does_not_fit_the_grace_period_stops_the_init_at_start_with_exit
     let tmp = common::TempDir::new("budget");
     let marker = tmp.join("controller-ran");
     let out = common::run_output(
-        std::process::Command::new(common::tfinit())
+        common::scrub(&mut std::process::Command::new(common::tfinit()))
             .args(["--", "sh", "-c", "touch \"$0\""])
             .arg(&marker)
             .env("TFINIT_RUN_DIR", tmp.join("run"))

@@ -1,10 +1,70 @@
 //! Shared helpers of the integration tests: the binaries, PID namespaces, temp dirs, polling.
 #![allow(dead_code)]
 
+/// Generates one test per terraform shape for a scenario `fn name(shape: Shape)` of the file that
+/// declares `#[macro_use] mod common;` (with `Shape` in scope there): `name::panicwrap` and
+/// `name::single_process_tf_fork_0`.
+#[allow(unused_macros)]
+macro_rules! both_shapes {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn panicwrap() {
+                super::$name(super::Shape::Panicwrap)
+            }
+            #[test]
+            fn single_process_tf_fork_0() {
+                super::$name(super::Shape::SingleProcess)
+            }
+        }
+    };
+}
+
+pub mod fuse;
+pub mod moto;
+pub mod pods;
+pub mod shim;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// How terraform runs: the default panicwrap pair (a parent that forwards SIGTERM to the worker it
+/// started) or a single process (`TF_FORK=0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Default: `terraform` starts a copy of itself and forwards SIGTERM to it.
+    Panicwrap,
+    /// `TF_FORK=0`: one terraform process.
+    SingleProcess,
+}
+
+impl Shape {
+    /// Sets this shape's variables on `cmd` (TF_FORK removed or 0).
+    pub fn apply(self, cmd: &mut Command) {
+        match self {
+            Shape::Panicwrap => cmd.env_remove("TF_FORK"),
+            Shape::SingleProcess => cmd.env("TF_FORK", "0"),
+        };
+    }
+
+    /// This shape's variables, for an environment list.
+    pub fn env(self) -> Vec<(&'static str, String)> {
+        match self {
+            Shape::Panicwrap => vec![],
+            Shape::SingleProcess => vec![("TF_FORK", "0".into())],
+        }
+    }
+
+    /// How many terraform processes one run has in this shape.
+    pub fn terraform_processes(self) -> usize {
+        match self {
+            Shape::Panicwrap => 2,
+            Shape::SingleProcess => 1,
+        }
+    }
+}
 
 /// The tfinit binary under test.
 pub fn tfinit() -> PathBuf {
@@ -16,9 +76,139 @@ pub fn helper() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tfinit-test-helper"))
 }
 
-/// Whether we are root (PID-namespace tests need it).
+/// Whether we are root. Tests that truly need it (changing uid, chown) check this through
+/// [`require_root`]; PID namespaces do not need it: see [`unshare`].
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+/// How this process gets a new PID namespace: as root, or as a normal user inside a new user
+/// namespace that maps it to root (`unshare --user --map-root-user`), or not at all (the reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Namespaces {
+    /// Root: plain `unshare --pid`.
+    Root,
+    /// A normal user where the kernel allows unprivileged user namespaces.
+    UserNamespace,
+    /// Neither: why, for the skip line.
+    Unavailable(String),
+}
+
+/// The one decision on how the suite makes PID namespaces, probed once per test binary: as root
+/// directly; otherwise by trying `unshare --user --map-root-user --pid --fork --mount-proc true`
+/// (the kernel may forbid unprivileged user namespaces: kernel.unprivileged_userns_clone=0,
+/// user.max_user_namespaces=0, or an AppArmor/SELinux policy).
+pub fn namespaces() -> &'static Namespaces {
+    static PROBED: std::sync::OnceLock<Namespaces> = std::sync::OnceLock::new();
+    PROBED.get_or_init(|| {
+        if is_root() {
+            return Namespaces::Root;
+        }
+        let probe = Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+            ])
+            .arg("true")
+            .stdin(Stdio::null())
+            .output();
+        match probe {
+            Ok(o) if o.status.success() => Namespaces::UserNamespace,
+            Ok(o) => Namespaces::Unavailable(format!(
+                "root, or unprivileged user namespaces (`unshare --user --map-root-user --pid \
+                 --fork --mount-proc true` failed: {})",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Namespaces::Unavailable(format!("unshare (util-linux): {e}")),
+        }
+    })
+}
+
+/// `unshare`, with `--user --map-root-user` first when this process is not root (see
+/// [`namespaces`]), and an environment without inherited terraform settings ([`scrub`]); the
+/// caller adds `--pid --fork ...`. Check [`can_unshare`] before using it.
+pub fn unshare() -> Command {
+    let mut c = Command::new("unshare");
+    scrub(&mut c);
+    if *namespaces() == Namespaces::UserNamespace {
+        c.args(["--user", "--map-root-user"]);
+    }
+    c
+}
+
+/// `nsenter` into the PID and mount namespaces of `pid` (a process [`unshare`] started), through
+/// its user namespace first when this process is not root (keeping our ids, which map to root
+/// there; setgroups is denied in it): only there may a normal user join.
+pub fn nsenter(pid: i32) -> Command {
+    let mut c = Command::new("nsenter");
+    scrub(&mut c).args(["--target", &pid.to_string()]);
+    if *namespaces() == Namespaces::UserNamespace {
+        c.args(["--user", "--preserve-credentials"]);
+    }
+    c.args(["--pid", "--mount", "--"]);
+    c
+}
+
+/// Whether this process can start PID namespaces ([`namespaces`]); false is a one-line skip (a
+/// failure under CI or TFINIT_REQUIRE_DEPS).
+pub fn can_unshare() -> bool {
+    match namespaces() {
+        Namespaces::Root | Namespaces::UserNamespace => true,
+        Namespaces::Unavailable(why) => require(false, why),
+    }
+}
+
+/// For the few tests that truly need root (a pod of another uid, chown, Docker): true as root;
+/// otherwise one line saying why, and the test returns early. Never a failure: a normal user
+/// runs `cargo test` without them, and scripts/test.sh (root) runs them.
+pub fn require_root(why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    eprintln!("SKIP (needs root: {why})");
+    false
+}
+
+/// Removes from `cmd` every `TFINIT_*` and `TF_*` variable this test process inherited (a
+/// contributor's TF_WORKSPACE, TF_DATA_DIR or TF_CLI_ARGS changes what terraform and the init
+/// do), points terraform's CLI configuration at /dev/null (not the contributor's
+/// ~/.terraformrc) and turns off its update check. Values the test sets afterwards win.
+pub fn scrub(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        let k_text = k.to_string_lossy();
+        if k_text.starts_with("TFINIT_") || k_text.starts_with("TF_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env("TF_CLI_CONFIG_FILE", "/dev/null")
+        .env("CHECKPOINT_DISABLE", "1")
+}
+
+/// Makes `cmd` start with every signal at its default disposition and none blocked, whatever
+/// this test process inherited: `nohup` ignores SIGHUP, a shell's `cmd &` SIGINT and SIGQUIT.
+/// For the runs whose signal state a test asserts.
+pub fn default_signals(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // Computed before fork: the child calls only async-signal-safe functions.
+    let last = libc::SIGRTMAX();
+    // SAFETY: between fork and exec, only sigaction (through signal) and sigprocmask, both
+    // async-signal-safe, on the child's own signal state; failures (SIGKILL, SIGSTOP, the
+    // signals glibc reserves) leave those signals as they are, which is what the kernel allows.
+    unsafe {
+        cmd.pre_exec(move || {
+            for s in 1..=last {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        })
+    };
+    cmd
 }
 
 /// Fails (under CI or TFINIT_REQUIRE_DEPS) or skips with one line when a precondition is missing.
@@ -50,17 +240,24 @@ pub fn deps() -> PathBuf {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
-    /// Creates `/tmp/tfinit-test-<name>-<pid>-<n>`.
+    /// Creates `/tmp/tfinit-test-<name>-<pid>-<n>`, mode 0755, and sets this test process's
+    /// umask to 022. Neither comes from the environment: pods of another uid (setpriv) must reach
+    /// their files through it, which a private TMPDIR (mktemp -d makes 0700) or a umask of 077
+    /// would forbid, and a long TMPDIR would push socket paths past their 108-byte limit.
     pub fn new(name: &str) -> TempDir {
+        use std::os::unix::fs::PermissionsExt;
         use std::sync::atomic::{AtomicUsize, Ordering};
         static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+        let p = Path::new("/tmp").join(format!(
             "tfinit-test-{name}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
         ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod 0755 the temp dir");
         TempDir(p)
     }
 
@@ -79,9 +276,10 @@ impl Drop for TempDir {
 }
 
 /// A command that runs `tfinit ARGS` as PID 1 of a new PID namespace (and mount namespace, so
-/// /proc shows only that namespace). With `uts`, also a new UTS namespace named `hostname`.
+/// /proc shows only that namespace), through [`unshare`]. With `hostname`, also a new UTS
+/// namespace of that name.
 pub fn pid1(hostname: Option<&str>) -> Command {
-    let mut c = Command::new("unshare");
+    let mut c = unshare();
     c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
     if let Some(h) = hostname {
         c.arg("--uts");
@@ -126,30 +324,32 @@ pub fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> std::proc
 /// Runs a command to completion with a deadline, capturing output.
 pub fn run_output(cmd: &mut Command, timeout: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = wait_child(&mut child, timeout, "command");
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    wait_output_until(child, Instant::now() + timeout, &format!("{cmd:?}"))
 }
 
 /// Reads a file, or empty when missing.
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// The one way to make a terraform working directory with a given configuration: copies the
+/// `.tf` files of tests/fixtures/CONFIG (`tf/basic`, `slow`, `s3`, `kube`, ...) into `dest`
+/// (created); returns `dest`.
+pub fn config_dir(config: &str, dest: &Path) -> PathBuf {
+    let src = repo().join("tests/fixtures").join(config);
+    std::fs::create_dir_all(dest)
+        .unwrap_or_else(|e| panic!("create the working directory {}: {e}", dest.display()));
+    let entries = std::fs::read_dir(&src)
+        .unwrap_or_else(|e| panic!("read the configuration {}: {e}", src.display()));
+    for e in entries.flatten() {
+        if e.path().extension().is_some_and(|x| x == "tf") {
+            std::fs::copy(e.path(), dest.join(e.file_name())).unwrap_or_else(|err| {
+                panic!("copy {} into {}: {err}", e.path().display(), dest.display())
+            });
+        }
+    }
+    dest.to_path_buf()
 }
 
 /// A directory with a `terraform` symlink to tfinit (the shim), to put first on PATH.
@@ -176,7 +376,7 @@ pub fn path_with(dirs: &[&Path]) -> String {
 }
 
 /// Every variable tfinit reads, removed so the caller's environment cannot change a test.
-pub const TFINIT_VARS: [&str; 15] = [
+pub const TFINIT_VARS: [&str; 16] = [
     "TFINIT_FORWARD",
     "TFINIT_REWRITE",
     "TFINIT_GRACE_PERIOD",
@@ -189,6 +389,7 @@ pub const TFINIT_VARS: [&str; 15] = [
     "TFINIT_OWNER",
     "TFINIT_OWNER_TTL",
     "TFINIT_FORCE_UNLOCK",
+    "TFINIT_RECORD_TIMEOUT",
     "TFINIT_TERRAFORM",
     "TFINIT_POD_UID",
     "POD_UID",
@@ -262,7 +463,13 @@ pub fn enough_descriptors(need: u64) -> bool {
 }
 
 /// Collects a child's stdout and stderr in threads and waits for it with a deadline.
-pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+pub fn wait_output(child: Child, timeout: Duration) -> Output {
+    wait_output_until(child, Instant::now() + timeout, "shim")
+}
+
+/// [`wait_output`] with an absolute `deadline` shared by several children, and `what` (the
+/// child the test waited for) in the failure message.
+pub fn wait_output_until(mut child: Child, deadline: Instant, what: &str) -> Output {
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -275,7 +482,11 @@ pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
         let _ = err.read_to_end(&mut v);
         v
     });
-    let status = wait_child(&mut child, timeout, "shim");
+    let status = wait_child(
+        &mut child,
+        deadline.saturating_duration_since(Instant::now()),
+        what,
+    );
     Output {
         status,
         stdout: t_out.join().unwrap(),

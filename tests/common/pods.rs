@@ -1,0 +1,406 @@
+//! Pods for the lock tests (tests/locks_*.rs on s3, tests/kubernetes.rs): tfinit as PID 1 of its
+//! own PID and UTS namespace with a controller script, sharing a TFINIT_STATE_DIR; controller
+//! scripts; reading records, attempts and heartbeats back.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use super::{deps, tfinit, TempDir};
+
+/// The pause between two attempts of a controller loop.
+pub const RETRY: Duration = Duration::from_secs(1);
+
+/// Bound for steps that take a few seconds at most.
+pub const STEP: Duration = Duration::from_secs(60);
+
+/// Where pods run, the part every test's world has: its temp dir (logs go there), the terraform
+/// working directory, the shared TFINIT_STATE_DIR, the directory with the `terraform` shim, the
+/// pods' TFINIT_OWNER_TTL and the directory of the terraform the shim runs. A world holds one
+/// and derefs to it, so `Pod::start(&world, ..)` and `world.state` work on any world.
+pub struct Place {
+    /// The test's temp dir.
+    pub tmp: TempDir,
+    /// The terraform working directory the pods run in.
+    pub ws: PathBuf,
+    /// The shared TFINIT_STATE_DIR.
+    pub state: PathBuf,
+    /// The directory with the `terraform` shim (a link to tfinit).
+    pub shim: PathBuf,
+    /// The pods' TFINIT_OWNER_TTL.
+    pub ttl: Duration,
+    /// The terraform after the shim on PATH: the real one of the test dependencies by default.
+    pub terraform_dir: PathBuf,
+}
+
+impl Place {
+    /// A fresh temp dir `name` with `ws/` (the configuration tests/fixtures/CONFIG when given:
+    /// [`super::config_dir`]), `state/` and the shim.
+    pub fn new(name: &str, config: Option<&str>, ttl: Duration) -> Place {
+        let tmp = TempDir::new(name);
+        let ws = tmp.join("ws");
+        fs::create_dir_all(&ws).unwrap();
+        if let Some(c) = config {
+            super::config_dir(c, &ws);
+        }
+        let state = tmp.join("state");
+        fs::create_dir_all(&state).unwrap();
+        let shim = super::shim_dir(&tmp);
+        Place {
+            tmp,
+            ws,
+            state,
+            shim,
+            ttl,
+            terraform_dir: deps().join("bin"),
+        }
+    }
+
+    /// The real terraform of the test dependencies, run directly (not through tfinit), as root,
+    /// in the working directory, with a clean environment (TF_VAR_sleep=0).
+    pub fn terraform_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(deps().join("bin/terraform"));
+        c.args(args)
+            .current_dir(&self.ws)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/root")
+            .env("CHECKPOINT_DISABLE", "1")
+            .env("TF_VAR_sleep", "0")
+            .stdin(Stdio::null());
+        c
+    }
+}
+
+/// Whether what every pod test needs is here: root (`why`: what the pods do that needs it),
+/// terraform and the null provider of the test dependencies.
+pub fn have_pod_deps(why: &str) -> bool {
+    super::require_root(why)
+        && super::require(
+            deps().join("bin/terraform").is_file(),
+            ".test-deps/bin/terraform (scripts/install-test-deps.sh)",
+        )
+        && super::require(
+            deps()
+                .join("plugins/registry.terraform.io/hashicorp/null")
+                .is_dir(),
+            ".test-deps/plugins with hashicorp/null",
+        )
+}
+
+/// Now, ms since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The records (`records/*.json`) of a state directory, parsed, sorted by path.
+pub fn records(state: &Path) -> Vec<(PathBuf, Value)> {
+    let Ok(rd) = fs::read_dir(state.join("records")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| {
+            let v = serde_json::from_slice(&fs::read(&p).ok()?).ok()?;
+            Some((p, v))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// stdout then stderr of a finished command.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// How a pod runs.
+pub struct PodSpec<'a> {
+    /// Its hostname and TFINIT_OWNER (the default).
+    pub name: &'a str,
+    /// Some: drop to this uid (and gid) inside the namespace, after setting the hostname.
+    pub uid: Option<u32>,
+    /// The controller: an sh script.
+    pub script: String,
+    /// Extra environment of the pod (the controller's and terraform's).
+    pub env: Vec<(&'a str, String)>,
+}
+
+/// A pod: tfinit as PID 1 of its own PID and UTS namespace.
+pub struct Pod {
+    /// `unshare`, whose child is the pod's PID 1.
+    pub child: Child,
+    /// Everything the pod printed.
+    pub log: PathBuf,
+}
+
+impl Pod {
+    /// Starts a pod in `w`'s working directory.
+    pub fn start(w: &Place, spec: PodSpec) -> Pod {
+        let log = w.tmp.0.join(format!("{}-{}.log", spec.name, now_ms()));
+        let f = fs::File::create(&log).unwrap();
+        let drop_privileges = match spec.uid {
+            Some(u) => format!("setpriv --reuid {u} --regid {u} --clear-groups "),
+            None => String::new(),
+        };
+        let run_dir = w.tmp.0.join(format!("run-{}-{}", spec.name, now_ms()));
+        let mut c = super::unshare();
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
+            .arg("sh")
+            .arg("-c")
+            .arg(format!(
+                "hostname {} && exec {drop_privileges}\"$0\" \"$@\"",
+                spec.name
+            ))
+            .arg(tfinit())
+            .args(["--", "sh", "-c", &spec.script])
+            .current_dir(&w.ws)
+            .env_clear()
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}:/usr/bin:/bin",
+                    w.shim.display(),
+                    w.terraform_dir.display()
+                ),
+            )
+            .env("CHECKPOINT_DISABLE", "1")
+            .env("TFINIT_STATE_DIR", &w.state)
+            .env("TFINIT_RUN_DIR", &run_dir)
+            .env("TFINIT_OWNER_TTL", format!("{}s", w.ttl.as_secs()))
+            .env("TFINIT_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f);
+        for (k, v) in &spec.env {
+            c.env(k, v);
+        }
+        // The pod dies with the test, also when the test thread dies without unwinding.
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        Pod {
+            child: c.spawn().expect("start the pod"),
+            log,
+        }
+    }
+
+    /// Everything the pod printed so far.
+    pub fn log(&self) -> String {
+        super::read(&self.log)
+    }
+
+    /// The pod dies at once (node loss): SIGKILL to its PID 1 takes the whole namespace down.
+    pub fn kill(&mut self) {
+        let unshare = self.child.id();
+        let children =
+            fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+        let pid1: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid1),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        self.wait();
+    }
+
+    /// Waits for the pod to end (within [`STEP`]).
+    pub fn wait(&mut self) -> ExitStatus {
+        super::wait_child(&mut self.child, STEP, "pod")
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let unshare = self.child.id();
+            if let Ok(c) = fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")) {
+                for p in c.split_whitespace().filter_map(|p| p.parse().ok()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A controller that runs one apply and records its exit code and end time in `out`.
+pub fn apply_once(out: &Path, extra: &str) -> String {
+    format!(
+        "terraform apply -auto-approve -input=false -no-color {extra} > {o}.1 2>&1; echo \"done $? $(date +%s%3N)\" >> {o}",
+        o = out.display()
+    )
+}
+
+/// A controller that retries `terraform apply` every RETRY until it succeeds or `max` attempts
+/// failed; each attempt's output goes to `out.N`, and a line `ok|fail N START_MS END_MS` to `out`.
+pub fn apply_until_success(out: &Path, max: u32) -> String {
+    format!(
+        "n=0; while :; do n=$((n+1)); s=$(date +%s%3N); \
+         if terraform apply -auto-approve -input=false -no-color > {o}.$n 2>&1; then echo \"ok $n $s $(date +%s%3N)\" >> {o}; exit 0; fi; \
+         echo \"fail $n $s $(date +%s%3N)\" >> {o}; [ $n -ge {max} ] && exit 1; sleep {r}; done",
+        o = out.display(),
+        r = RETRY.as_secs()
+    )
+}
+
+/// One attempt of an [`apply_until_success`] controller.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// 1, 2, ...
+    pub n: u32,
+    /// Whether the apply succeeded.
+    pub ok: bool,
+    /// Start, ms since the epoch.
+    pub start: u64,
+    /// End, ms since the epoch.
+    pub end: u64,
+}
+
+/// The attempts an [`apply_until_success`] controller wrote to `out`.
+pub fn attempts(out: &Path) -> Vec<Attempt> {
+    super::read(out)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && (f[0] == "ok" || f[0] == "fail")).then(|| Attempt {
+                ok: f[0] == "ok",
+                n: f[1].parse().unwrap(),
+                start: f[2].parse().unwrap(),
+                end: f[3].parse().unwrap(),
+            })
+        })
+        .collect()
+}
+
+/// When `owner` last refreshed its heartbeat, ms since the epoch.
+pub fn heartbeat_ms(state: &Path, owner: &str) -> u64 {
+    let hb: Value =
+        serde_json::from_slice(&fs::read(state.join(format!("owners/{owner}.json"))).unwrap())
+            .unwrap();
+    hb["updated_ms"].as_u64().unwrap()
+}
+
+/// `tfinit recover ARGS` by hand (as an operator would, with `kubectl exec`), as root on the host,
+/// with `extra` environment.
+pub fn recover_by_hand(w: &Place, args: &[&str], extra: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(tfinit());
+    c.arg("recover")
+        .args(args)
+        .current_dir(&w.tmp.0)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", deps().join("bin").display()),
+        )
+        .env("HOME", "/root")
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TFINIT_STATE_DIR", &w.state)
+        .env("TFINIT_OWNER_TTL", format!("{}s", w.ttl.as_secs()));
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    super::run_output(&mut c, STEP)
+}
+
+/// Every file under `dir`.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// `ms` since the epoch as Go's time.Time in Lock Info's JSON (RFC 3339, UTC), via date(1).
+pub fn rfc3339(ms: u64) -> String {
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{}.{:03}", ms / 1000, ms % 1000)])
+        .arg("+%Y-%m-%dT%H:%M:%S.%3NZ")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// `2026-11-21T23:56:11.330240859Z` (UTC, as terraform writes Created in its lock JSON) in ms.
+pub fn parse_rfc3339_ms(s: &str) -> u64 {
+    let s = s.trim_end_matches('Z');
+    let (date, time) = s.split_once('T').unwrap();
+    let go = format!("{date} {time} +0000 UTC");
+    tfinit::locks::lockinfo::parse_go_time(&go).unwrap()
+}
+
+/// Writes a record file by hand into `state` (the format of docs/records.md), owned by `uid` as
+/// the pods' own files are on a shared volume.
+pub fn plant_record(state: &Path, uid: u32, file: &str, rec: &Value) -> PathBuf {
+    let dir = state.join("records");
+    fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(file);
+    fs::write(&p, serde_json::to_vec_pretty(rec).unwrap()).unwrap();
+    chown(state, uid);
+    p
+}
+
+/// Writes an owner's heartbeat by hand into `state`, owned by `uid`.
+pub fn plant_heartbeat(state: &Path, uid: u32, owner: &str, hb: &Value) {
+    let dir = state.join("owners");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(format!("{owner}.json")), hb.to_string()).unwrap();
+    chown(state, uid);
+}
+
+/// `chown -R uid:uid path`: files made by the test (root) become the pods'.
+pub fn chown(path: &Path, uid: u32) {
+    let st = Command::new("chown")
+        .args(["-R", &format!("{uid}:{uid}")])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The terraform process whose parent is terraform too (panicwrap's child) working in `ws`.
+pub fn wrapped_terraform(ws: &Path) -> Option<nix::unistd::Pid> {
+    let comm = |pid: &str| fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_string_lossy().to_string();
+        if !pid.chars().all(|c| c.is_ascii_digit()) || comm(&pid).trim() != "terraform" {
+            return None;
+        }
+        if fs::read_link(format!("/proc/{pid}/cwd")).ok()? != ws {
+            return None;
+        }
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.to_string();
+        (comm(&ppid).trim() == "terraform")
+            .then(|| nix::unistd::Pid::from_raw(pid.parse().unwrap()))
+    })
+}

@@ -1,0 +1,160 @@
+//! The s3 lock tests' harness (tests/locks_*.rs): a world of one moto, one initialised terraform
+//! working directory and a shared state dir, where [`common::pods::Pod`]s run.
+#![allow(dead_code)]
+
+use crate::common;
+use crate::common::moto::Moto;
+use crate::common::pods::{self, apply_once, records, text, Place, Pod, PodSpec, STEP};
+use crate::common::{deps, wait_for};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// TFINIT_OWNER_TTL of the pods (short, so a dead owner is seen dead quickly).
+pub const TTL: Duration = Duration::from_secs(3);
+
+/// A uid without a passwd entry: terraform writes its Who as `@<hostname>`.
+pub const NOBODY_UID: u32 = 4321;
+
+/// The state key every test uses (each test has its own moto server).
+pub const STATE: &str = "tfstate/tfinit/terraform.tfstate";
+
+/// Whether everything these tests need is here (root, terraform, the null provider, moto).
+pub fn have_deps() -> bool {
+    common::pods::have_pod_deps("the pods run as uid 4321 (setpriv) on a volume chowned to it")
+        && common::require(
+            deps().join("venv/bin/moto_server").is_file(),
+            ".test-deps/venv/bin/moto_server",
+        )
+        && common::require(
+            Path::new("/usr/bin/setpriv").exists() || Path::new("/bin/setpriv").exists(),
+            "setpriv (util-linux)",
+        )
+}
+
+/// A test's world: one moto, one terraform working directory (initialised), a shared state dir.
+pub struct World {
+    pub place: Place,
+    pub moto: Moto,
+}
+
+impl World {
+    pub fn new(name: &str) -> World {
+        let place = Place::new(name, Some("s3"), TTL);
+        let moto = Moto::start();
+        let w = World { place, moto };
+        let out = w.terraform(&[
+            "init",
+            "-input=false",
+            "-no-color",
+            &format!("-plugin-dir={}", deps().join("plugins").display()),
+            &format!("-backend-config=endpoint={}", w.moto.endpoint()),
+            &format!("-backend-config=dynamodb_endpoint={}", w.moto.endpoint()),
+        ]);
+        assert!(out.status.success(), "terraform init: {}", text(&out));
+        // Pods may run as a uid without a passwd entry.
+        let st = Command::new("chown")
+            .args(["-R", &format!("{NOBODY_UID}:{NOBODY_UID}")])
+            .arg(&w.tmp.0)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        w
+    }
+
+    /// Runs the real terraform directly (not through tfinit) in the working directory, as root.
+    pub fn terraform(&self, args: &[&str]) -> std::process::Output {
+        let mut c = self.terraform_command(args);
+        common::run_output(&mut c, STEP)
+    }
+
+    /// Asserts the state is whole: no lock, nothing left to do, every resource in it.
+    pub fn assert_state_consistent(&self) {
+        assert_eq!(self.moto.lock(STATE), None, "the lock must be free");
+        let locks: Vec<_> = self
+            .moto
+            .items()
+            .into_iter()
+            .filter(|i| !i["LockID"]["S"].as_str().unwrap_or("").ends_with("-md5"))
+            .collect();
+        assert!(locks.is_empty(), "lock table: {locks:?}");
+        let plan = self.terraform(&[
+            "plan",
+            "-detailed-exitcode",
+            "-input=false",
+            "-no-color",
+            "-lock-timeout=0s",
+        ]);
+        assert_eq!(
+            plan.status.code(),
+            Some(0),
+            "plan must find nothing to do: {}",
+            text(&plan)
+        );
+        let list = self.terraform(&["state", "list"]);
+        let names = String::from_utf8_lossy(&list.stdout).to_string();
+        for r in ["null_resource.a", "null_resource.b", "null_resource.c"] {
+            assert!(names.lines().any(|l| l == r), "{r} in state: {names}");
+        }
+    }
+
+    pub fn records(&self) -> Vec<(PathBuf, Value)> {
+        records(&self.state)
+    }
+
+    /// Writes a record file by hand (the format of docs/records.md).
+    pub fn plant_record(&self, file: &str, rec: &Value) -> PathBuf {
+        pods::plant_record(&self.state, NOBODY_UID, file, rec)
+    }
+
+    /// Writes an owner's heartbeat by hand.
+    pub fn plant_heartbeat(&self, owner: &str, hb: &Value) {
+        pods::plant_heartbeat(&self.state, NOBODY_UID, owner, hb)
+    }
+}
+
+impl std::ops::Deref for World {
+    type Target = Place;
+    fn deref(&self) -> &Place {
+        &self.place
+    }
+}
+
+/// Starts pod-a's apply and waits until it holds the lock with null_resource.a creating (b done,
+/// c not started) and its record says so.
+pub fn pod_a_mid_apply(w: &World, name: &str, uid: Option<u32>, json_output: bool) -> (Pod, Value) {
+    let mut flags = String::from("-var=token=hunter2");
+    if json_output {
+        flags.push_str(" -json");
+    }
+    let pod = Pod::start(
+        w,
+        PodSpec {
+            name,
+            uid,
+            script: apply_once(&w.tmp.join("pod-a.out"), &flags),
+            env: vec![
+                ("TF_VAR_sleep", "30".into()),
+                ("TF_VAR_undeclared_secret", "envsecret42".into()),
+                ("AWS_SECRET_ACCESS_KEY", "envsecret43".into()),
+            ],
+        },
+    );
+    let rec = wait_for(
+        STEP,
+        "pod-a's record to show null_resource.a in progress",
+        || {
+            let recs = w.records();
+            let (_, r) = recs.first()?;
+            (r["in_progress"] == json!(["null_resource.a"])).then(|| r.clone())
+        },
+    );
+    wait_for(STEP, "pod-a's lock in DynamoDB", || w.moto.lock(STATE));
+    (pod, rec)
+}
+
+/// `tfinit recover ARGS` by hand, its output.
+pub fn recover_by_hand(w: &World, args: &[&str]) -> String {
+    text(&pods::recover_by_hand(w, args, &[]))
+}

@@ -1,0 +1,295 @@
+//! A lock that is not provably a dead owner's is never unlocked: another host's, a live pod's,
+//! or any with force-unlock off (and a dry run changes nothing).
+//!
+//! Stuck state locks and their safe release, end to end against a real remote backend: terraform
+//! 1.0.3 with the s3 backend on moto (S3 + a DynamoDB lock table, one server per test, stopped
+//! when the test ends, also on failure). Pods are PID namespaces with their own hostname and a
+//! shared TFINIT_STATE_DIR; "the pod dies" is SIGKILL of its PID 1, so everything in it dies at
+//! once, as on a node loss. Controllers are small sh loops that retry `terraform apply` like a
+//! provider's reconcile loop.
+//!
+//! Facts these tests rely on are in docs/notes/terraform-facts.md; the rules in docs/records.md.
+
+mod common;
+#[path = "common/s3_pods.rs"]
+mod s3_pods;
+
+use common::pods::{
+    apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms, Pod,
+    PodSpec, RETRY, STEP,
+};
+use common::{deps, wait_for};
+use s3_pods::*;
+use serde_json::json;
+use std::fs;
+use std::process::Stdio;
+
+#[test]
+fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-laptop");
+    // Somebody's laptop (not a pod) runs the apply and dies holding the lock.
+    let mut laptop = common::unshare();
+    laptop
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
+        .args(["sh", "-c", "hostname laptop && exec \"$0\" \"$@\""])
+        .arg(deps().join("bin/terraform"))
+        .args(["apply", "-auto-approve", "-input=false", "-no-color"])
+        .current_dir(&w.ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/root")
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TF_VAR_sleep", "30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut laptop = Pod {
+        child: laptop.spawn().unwrap(),
+        log: w.tmp.join("laptop.log"),
+    };
+    let lock = wait_for(STEP, "the laptop's lock", || w.moto.lock(STATE));
+    assert_eq!(lock["Who"], "root@laptop");
+    laptop.kill();
+    let created = parse_rfc3339_ms(lock["Created"].as_str().unwrap());
+
+    // Records of dead pods in this directory: pod-a's (another Who), and an old pod that happened
+    // to be called "laptop" too but died minutes before this lock was taken.
+    let dead = |name: &str, who: &str, started: u64| {
+        json!({
+            "v": 1,
+            "owner": {"name": name, "boot_id": "0", "started_ms": started - 1000, "pid": 1},
+            "who": who, "run_id": "r1", "cwd": w.ws, "workdir": w.ws, "workspace": "default",
+            "subcommand": "apply", "argv": ["apply", "-auto-approve"],
+            "started_ms": started, "in_progress": ["null_resource.a"], "updated_ms": started,
+        })
+    };
+    let other_who = w.plant_record(
+        "pod-a.0-1-1.r1.json",
+        &dead("pod-a", "@pod-a", now_ms() - 60_000),
+    );
+    let old = created - 600_000;
+    let old_pod = w.plant_record("laptop.0-1-1.r1.json", &dead("laptop", "root@laptop", old));
+    w.plant_heartbeat(
+        "laptop",
+        &json!({"v": 1, "owner": {"name": "laptop", "boot_id": "0", "started_ms": old - 1000, "pid": 1}, "updated_ms": old + 60_000}),
+    );
+
+    let out = w.tmp.join("pod-b.out");
+    let mut pod_b = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: Some(NOBODY_UID),
+            script: apply_until_success(&out, 5),
+            env: vec![("TF_VAR_sleep", "0".into())],
+        },
+    );
+    let st = pod_b.wait();
+    let log = pod_b.log();
+    assert!(
+        !st.success(),
+        "pod-b must fail while the laptop holds the lock: {log}"
+    );
+    let tries = attempts(&out);
+    assert_eq!(tries.len(), 5);
+    assert!(tries.last().unwrap().end - tries[0].start > (TTL + RETRY).as_millis() as u64);
+    for t in &tries {
+        let o = common::read(&out.with_extension(format!("out.{}", t.n)));
+        assert!(o.contains("Error acquiring the state lock"), "{o}");
+        assert!(o.contains("Who:       root@laptop"), "{o}");
+    }
+    assert_eq!(
+        w.moto.lock(STATE),
+        Some(lock.clone()),
+        "the laptop's lock is untouched"
+    );
+    assert!(!log.contains("force-unlocked"), "{log}");
+    assert!(
+        log.contains("its Who \"root@laptop\" is not the dead run's \"@pod-a\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("after the dead run's owner was last known alive"),
+        "{log}"
+    );
+    assert!(
+        !other_who.exists() && !old_pod.exists(),
+        "records of runs that hold no lock are removed"
+    );
+
+    // By hand, too: nothing is released.
+    w.plant_record(
+        "pod-a.0-1-1.r2.json",
+        &dead("pod-a", "@pod-a", now_ms() - 60_000),
+    );
+    let out = recover_by_hand(&w, &[]);
+    assert_eq!(
+        w.moto.lock(STATE),
+        Some(lock),
+        "`tfinit recover` leaves it too"
+    );
+    assert!(
+        out.contains("held by root@laptop is not the dead run's"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_pod_starting_during_a_live_pods_apply_never_unlocks_it_and_succeeds_after() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-rolling");
+    // pod-a's apply lasts two TTLs: only its heartbeat tells pod-b that it is alive.
+    let a_out = w.tmp.join("pod-a.out");
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_once(&a_out, ""),
+            env: vec![("TF_VAR_sleep", (2 * TTL.as_secs()).to_string())],
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w.moto.lock(STATE));
+    assert_eq!(lock["Who"], "root@pod-a");
+    let b_out = w.tmp.join("pod-b.out");
+    let mut pod_b = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: None,
+            script: apply_until_success(&b_out, 30),
+            env: vec![("TF_VAR_sleep", "0".into())],
+        },
+    );
+    assert!(pod_a.wait().success(), "{}", pod_a.log());
+    let a_done: Vec<u64> = common::read(&a_out)
+        .lines()
+        .filter_map(|l| l.strip_prefix("done 0 ").map(|t| t.trim().parse().unwrap()))
+        .collect();
+    assert_eq!(
+        a_done.len(),
+        1,
+        "pod-a's apply succeeded: {}",
+        common::read(&a_out)
+    );
+    assert!(common::read(&a_out.with_extension("out.1")).contains("Apply complete!"));
+    assert!(pod_b.wait().success(), "{}", pod_b.log());
+
+    let tries = attempts(&b_out);
+    let failed: Vec<_> = tries.iter().filter(|t| !t.ok).collect();
+    assert!(
+        !failed.is_empty(),
+        "pod-b overlapped pod-a's apply: {tries:?}"
+    );
+    // Each failure is terraform's own lock error; while pod-a held the lock it names its ID (an
+    // attempt that raced pod-a's release may find no Lock Info left to print).
+    let outputs: Vec<String> = failed
+        .iter()
+        .map(|t| common::read(&b_out.with_extension(format!("out.{}", t.n))))
+        .collect();
+    for o in &outputs {
+        assert!(o.contains("Error acquiring the state lock"), "{o}");
+    }
+    assert!(
+        outputs
+            .iter()
+            .any(|o| o.contains(lock["ID"].as_str().unwrap())),
+        "{outputs:?}"
+    );
+    // Nothing of pod-b's succeeded while pod-a's apply ran, and pod-a released its own lock.
+    for t in &tries {
+        if t.end < a_done[0] {
+            assert!(
+                !t.ok,
+                "attempt {} succeeded during pod-a's apply: {tries:?}",
+                t.n
+            );
+        }
+    }
+    assert!(tries.last().unwrap().ok);
+    assert!(
+        !common::read(&a_out.with_extension("out.1")).contains("Error releasing the state lock")
+    );
+    let log = pod_b.log();
+    assert!(!log.contains("force-unlock"), "{log}");
+    assert!(
+        !log.contains("checking the state lock"),
+        "pod-a's record was never taken for dead: {log}"
+    );
+    assert!(w.records().is_empty());
+    w.assert_state_consistent();
+}
+
+#[test]
+fn force_unlock_off_never_unlocks_and_recover_dry_run_changes_nothing() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-off");
+    let (mut pod_a, _) = pod_a_mid_apply(&w, "pod-a", None, false);
+    pod_a.kill();
+    let lock = w.moto.lock(STATE).expect("stuck");
+    assert_eq!(lock["Who"], "root@pod-a");
+    let (rec_path, _) = w.records().pop().unwrap();
+    let rec_bytes = fs::read(&rec_path).unwrap();
+
+    let out = w.tmp.join("pod-b.out");
+    let mut pod_b = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: None,
+            script: apply_until_success(&out, 5),
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TFINIT_FORCE_UNLOCK", "off".into()),
+            ],
+        },
+    );
+    assert!(!pod_b.wait().success());
+    let tries = attempts(&out);
+    assert!(tries.last().unwrap().start > heartbeat_ms(&w.state, "pod-a") + TTL.as_millis() as u64);
+    assert_eq!(w.moto.lock(STATE), Some(lock.clone()));
+    assert_eq!(fs::read(&rec_path).unwrap(), rec_bytes, "record untouched");
+    assert!(!pod_b.log().contains("force-unlock"), "{}", pod_b.log());
+
+    let dry = recover_by_hand(&w, &["--dry-run"]);
+    assert!(
+        dry.contains(&format!(
+            "would force-unlock lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{dry}"
+    );
+    assert!(dry.contains("orphan candidates: null_resource.a"), "{dry}");
+    assert_eq!(
+        w.moto.lock(STATE),
+        Some(lock.clone()),
+        "dry run leaves the lock"
+    );
+    assert_eq!(
+        fs::read(&rec_path).unwrap(),
+        rec_bytes,
+        "dry run leaves the record"
+    );
+    assert!(
+        !w.state.join("recover.lock").exists(),
+        "a dry run writes nothing, not even the recovery lock"
+    );
+
+    let real = recover_by_hand(&w, &[]);
+    assert!(
+        real.contains(&format!(
+            "force-unlocked lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{real}"
+    );
+    assert_eq!(w.moto.lock(STATE), None);
+    assert!(!rec_path.exists());
+}

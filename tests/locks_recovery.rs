@@ -1,0 +1,301 @@
+//! A dead owner's stuck lock is released: by the next pod, by a restarted pod at once, by the
+//! same pod's next run, or by a person with the command the init prints.
+//!
+//! Stuck state locks and their safe release, end to end against a real remote backend: terraform
+//! 1.0.3 with the s3 backend on moto (S3 + a DynamoDB lock table, one server per test, stopped
+//! when the test ends, also on failure). Pods are PID namespaces with their own hostname and a
+//! shared TFINIT_STATE_DIR; "the pod dies" is SIGKILL of its PID 1, so everything in it dies at
+//! once, as on a node loss. Controllers are small sh loops that retry `terraform apply` like a
+//! provider's reconcile loop.
+//!
+//! Facts these tests rely on are in docs/notes/terraform-facts.md; the rules in docs/records.md.
+
+mod common;
+#[path = "common/s3_pods.rs"]
+mod s3_pods;
+
+use common::pods::{
+    self, apply_until_success, attempts, heartbeat_ms, now_ms, text, walk, wrapped_terraform, Pod,
+    PodSpec, RETRY, STEP,
+};
+use common::wait_for;
+use s3_pods::*;
+use serde_json::json;
+
+#[test]
+fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itself() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-kill");
+    let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), false);
+
+    // The record names the run exactly as terraform's lock will, and holds no secret.
+    assert_eq!(rec["v"], 1);
+    assert_eq!(rec["who"], "@pod-a", "uid {NOBODY_UID} has no passwd entry");
+    assert_eq!(rec["owner"]["name"], "pod-a");
+    assert_eq!(rec["subcommand"], "apply");
+    assert_eq!(rec["workdir"], w.ws.to_str().unwrap());
+    assert_eq!(rec["workspace"], "default");
+    assert!(rec["argv"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("-var=<redacted>")));
+    for f in walk(&w.state) {
+        let body = common::read(&f);
+        for secret in ["hunter2", "envsecret42", "envsecret43"] {
+            assert!(!body.contains(secret), "{secret} in {}", f.display());
+        }
+    }
+
+    let kill_ms = now_ms();
+    pod_a.kill();
+
+    // The lock is stuck, held by exactly the Who the record predicted.
+    let lock = w
+        .moto
+        .lock(STATE)
+        .expect("the lock is stuck after the pod died");
+    assert_eq!(lock["Who"], rec["who"]);
+    let stuck = w.terraform(&["plan", "-input=false", "-no-color", "-lock-timeout=0s"]);
+    assert!(
+        text(&stuck).contains("Error acquiring the state lock"),
+        "{}",
+        text(&stuck)
+    );
+    assert_eq!(w.records().len(), 1, "the record survives the pod");
+    let hb = heartbeat_ms(&w.state, "pod-a");
+
+    // pod-b, same workspace path, reconciles by itself.
+    let out = w.tmp.join("pod-b.out");
+    let mut pod_b = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: Some(NOBODY_UID),
+            script: apply_until_success(&out, 30),
+            env: vec![("TF_VAR_sleep", "0".into())],
+        },
+    );
+    let st = pod_b.wait();
+    let log = pod_b.log();
+    assert!(st.success(), "pod-b never succeeded: {log}");
+    let tries = attempts(&out);
+    let ok = tries.last().unwrap();
+    assert!(ok.ok);
+    // Nothing was released while pod-a's heartbeat was younger than the TTL.
+    for t in &tries {
+        if t.start < hb + TTL.as_millis() as u64 {
+            assert!(
+                !t.ok,
+                "attempt {} succeeded before pod-a was dead: {tries:?}",
+                t.n
+            );
+        }
+    }
+    // Released within the TTL plus one retry (plus the failed attempt that waited for it).
+    let longest_fail = tries
+        .iter()
+        .filter(|t| !t.ok)
+        .map(|t| t.end - t.start)
+        .max()
+        .unwrap_or(0);
+    let bound = kill_ms + (TTL + RETRY).as_millis() as u64 + longest_fail + 1000;
+    assert!(
+        ok.start <= bound,
+        "reconciled {} ms after the kill (bound {} ms): {tries:?}",
+        ok.start - kill_ms,
+        bound - kill_ms
+    );
+    assert!(log.contains("force-unlocked its state lock"), "{log}");
+    assert!(log.contains(lock["ID"].as_str().unwrap()), "{log}");
+    assert!(w.records().is_empty(), "record removed: {:?}", w.records());
+    w.assert_state_consistent();
+}
+
+#[test]
+fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_candidates() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-orphans");
+    // -json output this time: the record follows its apply_start / apply_complete lines.
+    let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), true);
+    assert_eq!(rec["in_progress"], json!(["null_resource.a"]));
+    pod_a.kill();
+    let lock = w.moto.lock(STATE).expect("stuck");
+
+    // The same pod name again (a container restart, a StatefulSet pod replaced): its earlier
+    // incarnation is dead without waiting for the TTL.
+    let out = w.tmp.join("pod-a2.out");
+    let mut again = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: Some(NOBODY_UID),
+            script: apply_until_success(&out, 1),
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TFINIT_OWNER_TTL", "30s".into()),
+            ],
+        },
+    );
+    let st = again.wait();
+    let log = again.log();
+    assert!(st.success(), "the first attempt succeeds: {log}");
+    assert!(log.contains("earlier incarnation of this owner"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "force-unlocked its state lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{log}"
+    );
+    let line = log.lines().find(|l| l.contains("force-unlocked")).unwrap();
+    assert!(
+        line.contains("Resources that may exist outside the state"),
+        "{line}"
+    );
+    assert!(
+        line.contains("orphan_candidates=[\"null_resource.a\"]"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("null_resource.b") && !line.contains("null_resource.c"),
+        "{line}"
+    );
+    w.assert_state_consistent();
+}
+
+#[test]
+fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_run() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-oom");
+    // The OOM killer picks terraform's wrapped child (the process that holds the lock); the
+    // panicwrap parent then exits 255, the pod lives on and its controller retries.
+    let out = w.tmp.join("pod-a.out");
+    let script = format!(
+        "TF_VAR_sleep=30 terraform apply -auto-approve -input=false -no-color > {o}.1 2>&1; echo \"first $?\" >> {o}; \
+         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color > {o}.2 2>&1; echo \"second $?\" >> {o}",
+        o = out.display()
+    );
+    let mut pod = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: Some(NOBODY_UID),
+            script,
+            env: vec![],
+        },
+    );
+    wait_for(
+        STEP,
+        "the record to show null_resource.a in progress",
+        || {
+            let recs = w.records();
+            (recs.first()?.1["in_progress"] == json!(["null_resource.a"])).then_some(())
+        },
+    );
+    let lock = wait_for(STEP, "the lock", || w.moto.lock(STATE));
+    let child = wrapped_terraform(&w.ws).expect("terraform's wrapped child");
+    nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL).unwrap();
+    pod.wait();
+    let log = pod.log();
+    assert_eq!(
+        common::read(&out),
+        "first 255\nsecond 0\n",
+        "the killed run exits 255, the very next one succeeds: {log}"
+    );
+    assert!(
+        log.contains("terraform ended without releasing its state lock for sure"),
+        "{log}"
+    );
+    assert!(log.contains("exit code 255"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "force-unlocked its state lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{log}"
+    );
+    assert!(w.records().is_empty());
+    w.assert_state_consistent();
+}
+
+#[test]
+fn a_dead_runs_lock_on_a_missing_workspace_state_needs_a_person_and_the_command_releases_it() {
+    if !have_deps() {
+        return;
+    }
+    // s3 creates a non-default workspace's missing state object under a lock (Operation init),
+    // so a kill in that window leaves a lock force-unlock cannot release: it loads the state
+    // first, which tries to lock. Measured on moto, as on kubernetes.
+    // The dead run's `workspace new feature` took the lock and died before writing the object.
+    let w = World::new("lock-person");
+    let lock_id = "tfstate/env:/feature/tfinit/terraform.tfstate";
+    let started = now_ms() - 60_000;
+    let owner = json!({"name": "pod-a", "boot_id": "0", "started_ms": started - 1000, "pid": 1});
+    let rec = w.plant_record(
+        "pod-a.0-1-1.r1.json",
+        &json!({
+            "v": 1, "owner": owner, "who": "@pod-a", "run_id": "r1", "cwd": w.ws, "workdir": w.ws,
+            "workspace": "feature", "subcommand": "workspace new", "argv": ["workspace", "new", "feature"],
+            "started_ms": started, "in_progress": [], "updated_ms": started,
+        }),
+    );
+    let info = json!({
+        "ID": "11111111-2222-3333-4444-555555555555", "Operation": "init", "Info": "",
+        "Who": "@pod-a", "Version": "1.0.3", "Path": lock_id,
+        "Created": pods::rfc3339(started + 500),
+    });
+    w.moto.dynamodb(
+        "PutItem",
+        &json!({"TableName": "tflock", "Item": {"LockID": {"S": lock_id}, "Info": {"S": info.to_string()}}}),
+    );
+    let o = pods::recover_by_hand(&w, &[], &[]);
+    let said = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{said}");
+    let command = format!(
+        "aws dynamodb delete-item --endpoint-url {} --table-name tflock --key '{{\"LockID\":{{\"S\":\"{lock_id}\"}}}}' --condition-expression 'contains(Info, :id)' --expression-attribute-values '{{\":id\":{{\"S\":\"11111111-2222-3333-4444-555555555555\"}}}}'",
+        shell_word(&w.moto.endpoint())
+    );
+    assert!(
+        said.contains("NEEDS A PERSON") && said.contains(&command),
+        "{said}"
+    );
+    assert!(rec.exists(), "record kept");
+    let scan = w.moto.items();
+    assert!(
+        scan.iter().any(|i| i["LockID"]["S"] == lock_id),
+        "lock untouched: {scan:?}"
+    );
+    // The command's DeleteItem, as the aws CLI sends it; then recovery finds the lock free.
+    w.moto.dynamodb(
+        "DeleteItem",
+        &json!({"TableName": "tflock", "Key": {"LockID": {"S": lock_id}},
+                "ConditionExpression": "contains(Info, :id)",
+                "ExpressionAttributeValues": {":id": {"S": "11111111-2222-3333-4444-555555555555"}}}),
+    );
+    let o = pods::recover_by_hand(&w, &[], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!rec.exists(), "record removed");
+    let list = w.terraform(&["workspace", "list", "-no-color"]);
+    assert!(
+        text(&list).contains("feature"),
+        "the probe created the workspace's state: {}",
+        text(&list)
+    );
+}
+
+/// `s` as the release command quotes it (plain when it has no special characters).
+fn shell_word(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{s}'")
+    }
+}

@@ -40,3 +40,12 @@ bench_static() {
         *) echo dynamic ;;
     esac
 }
+
+# bench_cc SRC OUT [GCC_FLAGS...]: compiles scripts/bench/SRC (the benchmarks' C programs) into
+# OUT, with every warning an error: a warning in a measuring program is a bug in the figures.
+bench_cc() {
+    local src=$1 out=$2
+    shift 2
+    command -v gcc >/dev/null || { echo "bench: gcc is missing (apt-get install gcc)" >&2; return 2; }
+    gcc -O2 -Wall -Werror "$@" -o "$out" "scripts/bench/$src"
+}

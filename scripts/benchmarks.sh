@@ -8,4 +8,5 @@ cargo build --release --quiet
 scripts/bench-pid1.sh --write
 scripts/bench-shim.sh --write
 scripts/bench-exit.sh --write
+scripts/bench-storage.sh --write
 echo "benchmarks.sh: docs/benchmarks.md rewritten"

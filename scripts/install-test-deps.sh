@@ -13,7 +13,7 @@
 #   DEPS/plugins/            -plugin-dir for `terraform init`, holding
 #                            registry.terraform.io/hashicorp/null/2.1.2/linux_amd64/terraform-provider-null_v2.1.2_x4
 #   DEPS/bin/moto_server     moto's S3/DynamoDB server (symlink into the venv)
-#   DEPS/bin/python          the venv's python (boto3, moto, pyyaml)
+#   DEPS/bin/python          the venv's python (boto3, moto, pyyaml, fusepy)
 #   DEPS/venv/               the Python venv
 #   DEPS/run/                pid/log files of scripts/moto.sh
 # DEPS/.gitignore contains "*", so the directory is ignored by git by itself.
@@ -28,8 +28,11 @@ PY_REQUIREMENTS=(
     "moto[server]==5.1.22"
     "boto3==1.43.11"
     "pyyaml==6.0.3"
+    "fusepy==3.0.1"
 )
-APT_PACKAGES=(tini dumb-init catatonit busybox-static util-linux procps file iproute2 psmisc)
+# libfuse2: fusepy's library for tests/support/delayfs.py (the FUSE state volume of
+# tests/storage.rs and scripts/bench-storage.sh); as root it mounts without fusermount.
+APT_PACKAGES=(tini dumb-init catatonit busybox-static util-linux procps file iproute2 psmisc libfuse2)
 
 # ---- helpers ---------------------------------------------------------------
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -178,7 +181,12 @@ fi
 "$DEPS/bin/python" -c 'import moto, boto3, yaml' 2>/dev/null || die "venv python cannot import moto/boto3/yaml"
 ok "linked"
 
-# ---- 6. cargo-fuzz (scripts/fuzz.sh) ----------------------------------------
+# ---- 6. delayfs (tests/storage.rs, scripts/bench-storage.sh) ----------------
+step "fusepy + libfuse2"
+"$DEPS/bin/python" -c 'import fuse' 2>/dev/null || die "venv python cannot import fuse (fusepy needs libfuse2)"
+if [ -e /dev/fuse ]; then ok "importable"; else ok "importable (no /dev/fuse here: tests/storage.rs will skip)"; fi
+
+# ---- 7. cargo-fuzz (scripts/fuzz.sh) ----------------------------------------
 step "cargo-fuzz"
 if [ -n "${TFINIT_SKIP_FUZZ:-}" ]; then
     ok "skipped (TFINIT_SKIP_FUZZ)"
@@ -199,6 +207,6 @@ cat <<EOF
   plugin dir   $DEPS/plugins   (terraform init -plugin-dir=$DEPS/plugins)
   provider     $PROV_DST
   moto_server  $DEPS/bin/moto_server   (start/stop: scripts/moto.sh start|stop PORT)
-  python       $DEPS/bin/python   (venv $VENV: boto3, moto, pyyaml)
+  python       $DEPS/bin/python   (venv $VENV: boto3, moto, pyyaml, fusepy)
   run dir      $DEPS/run
 EOF

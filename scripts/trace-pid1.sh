@@ -4,15 +4,16 @@
 #
 #   scripts/trace-pid1.sh [TRIALS]   # default 30 trials per init and measure; root, tracefs
 #
-# It builds pid1bench from scripts/bench-pid1.sh (the same C source), runs latency and lifecycle
-# trials of tfinit and tini-static with the syscall, scheduler, signal and page-fault tracepoints
-# on, and prints medians per init:
+# It builds the PID-1 benchmark's own program (scripts/bench/pid1bench.c), runs latency and
+# lifecycle trials of tfinit and tini-static with the syscall, scheduler, signal and page-fault
+# tracepoints on, and prints medians per init:
 #   - latency: wake-up syscall's return (epoll_wait / rt_sigtimedwait) to the forwarding kill(2);
 #   - exit: SIGCHLD wake-up syscall's return to exit_group (user space), exit_group to the
 #     parent's SIGCHLD (kernel: address space and descriptors torn down), page faults on the way.
 # Tracing slows every syscall a little, both inits alike: compare the columns, not the absolutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 
 TRIALS=${1:-30}
 [ "$(id -u)" = 0 ] || { echo "trace-pid1: needs root (tracefs, clone(CLONE_NEWPID))" >&2; exit 2; }
@@ -41,8 +42,7 @@ mkdir -p "$WORK/run" "$WORK/state"
 export TFINIT_RUN_DIR=$WORK/run TFINIT_STATE_DIR=$WORK/state TFINIT_OWNER=trace-pid1
 unset TFINIT_LOG TFINIT_LOG_FORMAT TFINIT_FORWARD TFINIT_REWRITE TFINIT_GRACE_PERIOD
 
-sed -n '/^cat >"\$WORK\/pid1bench.c" <<.EOF_C.$/,/^EOF_C$/p' scripts/bench-pid1.sh | sed '1d;$d' >"$WORK/pid1bench.c"
-gcc -O2 -Wall -o "$WORK/pid1bench" "$WORK/pid1bench.c"
+bench_cc pid1bench.c "$WORK/pid1bench"
 
 echo 0 >"$TRACE/tracing_on"
 echo 0 >"$TRACE/events/enable"

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs the unit and integration tests as a few groups of test binaries at once (issue 14, point 7):
+# the binaries are built once with `cargo test --no-run`, then each group runs its binaries one
+# after the other in a background job, writing target/test-logs/GROUP.log; the logs are printed
+# in order once every job has ended. Groups share nothing a test can see (each test has its own
+# temp dir, PID namespace, run dir, moto port and Docker names); what must not overlap stays in
+# one group: the heavy process/pid bursts (load, bad_input_peers, pid1_reaping, shim_bytes) run
+# one after the other in `heavy`, the Docker tests in `pods`. Most tests wait on processes, not on
+# the CPU, which is why 4 groups fit on 2 cores. A test binary no group names goes to `rest`, so a
+# new file is never left out.
+#
+# Usage: scripts/test-parallel.sh          (scripts/test.sh runs it; TFINIT_TEST_THREADS: threads
+#                                           per binary, default 2; TFINIT_TEST_ONLY="a b": only
+#                                           the test binaries a and b, no doc tests)
+# Exit status: 0 when every binary passed; the last line counts them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${TFINIT_TEST_THREADS:-2}
+logs=target/test-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+
+# name<TAB>executable of every test binary (unit tests: unit-lib-NAME, unit-bin-NAME).
+cargo test --no-run --message-format=json 2>"$logs/build.log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    kind = m["target"]["kind"][0]
+    name = m["target"]["name"] if kind == "test" else "unit-" + kind + "-" + m["target"]["name"]
+    print(name + "\t" + m["executable"])
+' >"$logs/binaries.tsv" || {
+    cat "$logs/build.log"
+    echo "scripts/test-parallel.sh: building the tests failed" >&2
+    exit 1
+}
+
+declare -A exe
+while IFS=$'\t' read -r name path; do
+    # TFINIT_TEST_ONLY="a b": only these binaries (to try the script on a few).
+    case " ${TFINIT_TEST_ONLY:-$name} " in *" $name "*) exe[$name]=$path ;; esac
+done <"$logs/binaries.tsv"
+
+heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival"
+pods="locks_recovery locks_never kubernetes records container_shutdown container_recovery container_images"
+terraform="shutdown drain storage delayfs shim_signals shim_status shim_protocol examples"
+rest=""
+for name in $(printf '%s\n' "${!exe[@]}" | sort); do
+    case " $heavy $pods $terraform " in
+    *" $name "*) ;;
+    *) rest="$rest $name" ;;
+    esac
+done
+
+# Runs the binaries named in $2.. one after the other into target/test-logs/$1.log; its exit
+# status is the number of binaries that failed.
+run_group() {
+    local group=$1 failed=0 name
+    shift
+    for name in "$@"; do
+        [ -n "${exe[$name]:-}" ] || continue
+        echo "== $name" >>"$logs/$group.log"
+        "${exe[$name]}" --test-threads="$threads" >>"$logs/$group.log" 2>&1 || {
+            echo "== $name FAILED" >>"$logs/$group.log"
+            failed=$((failed + 1))
+        }
+    done
+    return "$failed"
+}
+
+start=$(date +%s)
+declare -A pid
+for group in heavy pods terraform rest; do
+    : >"$logs/$group.log"
+    # shellcheck disable=SC2086 # word splitting of the name lists is meant
+    run_group "$group" ${!group} &
+    pid[$group]=$!
+done
+failed=0
+for group in heavy pods terraform rest; do
+    wait "${pid[$group]}" || failed=$((failed + $?))
+done
+
+# Doc tests need cargo (rustdoc builds them); they run after the jobs, alone.
+if [ -z "${TFINIT_TEST_ONLY:-}" ]; then
+    cargo test --doc -- --test-threads="$threads" >"$logs/doc.log" 2>&1 || failed=$((failed + 1))
+else
+    : >"$logs/doc.log"
+fi
+
+for group in heavy pods terraform rest doc; do
+    echo
+    echo "===== $group ====="
+    cat "$logs/$group.log"
+done
+passed=$(cat "$logs"/*.log | awk '/^test result:/ { s += $4 } END { print s + 0 }')
+failures=$(cat "$logs"/*.log | awk '/^test result:/ { s += $6 } END { print s + 0 }')
+echo
+echo "scripts/test-parallel.sh: ${passed:-0} tests passed, ${failures:-0} failed, in $(($(date +%s) - start)) s;" \
+    "$failed test binaries failed (logs in $logs/)"
+[ "$failed" -eq 0 ]

@@ -5,6 +5,8 @@
 #                                      FUZZ_SECONDS each, default 30
 #   scripts/fuzz.sh long               10 minutes per target (FUZZ_SECONDS=600), one after the other
 #   scripts/fuzz.sh [short|long] T...  only targets T (decoder record lockinfo follower)
+#   scripts/fuzz.sh build              only build the targets (scripts/test.sh builds them beside
+#                                      the integration tests, then runs the short run)
 #   scripts/fuzz.sh merge [T...]       after a run with FUZZ_KEEP=DIR: add to fuzz/corpus/T a small set
 #                                      of the inputs of DIR/T that reach what the kept corpus does not
 #
@@ -30,7 +32,7 @@ cd "$(dirname "$0")/.."
 TARGETS=(decoder record lockinfo follower)
 MODE=short
 case "${1:-}" in
-    short|long|merge) MODE=$1; shift ;;
+    short|long|merge|build) MODE=$1; shift ;;
 esac
 if [ $# -gt 0 ]; then
     TARGETS=("$@")
@@ -39,6 +41,7 @@ case $MODE in
     short) SECONDS_EACH=${FUZZ_SECONDS:-30} ;;
     long) SECONDS_EACH=${FUZZ_SECONDS:-600} ;;
     merge) SECONDS_EACH=0; : "${FUZZ_KEEP:?set FUZZ_KEEP to the directory a run kept}" ;;
+    build) SECONDS_EACH=0 ;;
 esac
 
 missing() {
@@ -80,6 +83,10 @@ if ! "${FUZZ[@]}" build "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
     tail -n 40 "$SCRATCH/build.log" >&2
     echo "fuzz: FAILED: the fuzz targets do not build" >&2
     exit 1
+fi
+if [ "$MODE" = build ]; then
+    echo "fuzz: targets built in $BIN"
+    exit 0
 fi
 
 if [ "$MODE" = merge ]; then

@@ -13,20 +13,38 @@ START=$SECONDS
 # Each step's header says when it began (seconds since the start): where the 10 minutes go.
 step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - START)); }
 
-step "test dependencies"
-scripts/install-test-deps.sh
+# Two pairs of steps overlap, each a waiting one beside a computing one (2 cores): the test
+# dependencies (downloads and installs) beside format, lint and the release build; the fuzz
+# targets' build, at the lowest priority, beside the integration tests (which mostly wait on
+# processes). Each background job's output is printed, in order, once it is waited for.
+mkdir -p target
+# A failed step ends the script: its background jobs end with it.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+step "test dependencies (in the background) beside rustfmt --check, clippy -D warnings and the static release build"
+scripts/install-test-deps.sh >target/test-deps.log 2>&1 &
+deps=$!
 
-step "rustfmt --check"
 cargo fmt --all -- --check
-
-step "clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
-
-step "release build (static)"
 cargo build --release
 scripts/check-static.sh target/x86_64-unknown-linux-gnu/release/tfinit
 
-step "unit and integration tests (groups of test binaries in parallel: scripts/test-parallel.sh)"
+step "waiting for the test dependencies"
+deps_ok=0
+wait "$deps" || deps_ok=$?
+cat target/test-deps.log
+if [ "$deps_ok" != 0 ]; then
+    echo "scripts/test.sh: installing the test dependencies failed (exit $deps_ok); see above" >&2
+    exit 1
+fi
+
+fuzz=""
+if [ -x scripts/fuzz.sh ]; then
+    nice -n 19 scripts/fuzz.sh build >target/fuzz-build.log 2>&1 &
+    fuzz=$!
+fi
+
+step "unit and integration tests (groups of test binaries in parallel: scripts/test-parallel.sh; the fuzz targets build beside them)"
 scripts/test-parallel.sh
 
 step "signal-state tests again under nohup, stdin from /dev/null (SIGHUP inherited as ignored)"
@@ -40,8 +58,15 @@ nohup cargo test --test pid1_signal_state -- --test-threads="${TFINIT_TEST_THREA
 step "chaos: pods killed at random moments, the next pod reconciles (short run)"
 scripts/chaos.sh "${TFINIT_CHAOS_ROUNDS:-3}" --check
 
-if [ -x scripts/fuzz.sh ]; then
+if [ -n "$fuzz" ]; then
     step "fuzzing (short run of every target)"
+    fuzz_ok=0
+    wait "$fuzz" || fuzz_ok=$?
+    cat target/fuzz-build.log
+    if [ "$fuzz_ok" != 0 ]; then
+        echo "scripts/test.sh: building the fuzz targets failed (exit $fuzz_ok); see above" >&2
+        exit 1
+    fi
     # 15 s per target here (a smoke run of each parser on its corpus); `scripts/fuzz.sh long` is
     # the real search (10 minutes each).
     FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh

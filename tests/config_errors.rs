@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 use std::time::Duration;
 
+use common::launch::{As, Config, Launch};
 use common::{tfinit, TempDir};
 
 /// One setting: its variable, its flag, the example its messages give, and values it refuses.
@@ -175,19 +176,20 @@ fn expand(v: &str, tmp: &TempDir) -> String {
 fn run(env: &[(&str, &OsStr)], args: &[&str]) -> Outcome {
     let tmp = TempDir::new("config");
     let marker = tmp.join("started");
-    std::fs::create_dir_all(tmp.join("state")).unwrap();
-    let mut c = Command::new(tfinit());
-    common::scrub(&mut c);
-    for s in SETTINGS {
-        c.env_remove(s.var);
-    }
-    c.env("TFINIT_RUN_DIR", tmp.join("run"))
-        .env("TFINIT_STATE_DIR", tmp.join("state"))
-        .env("TFINIT_OWNER", "config-test");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.args(args).arg("--").arg("touch").arg(&marker);
+    let config = Config::dirs(&tmp.join("run"), &tmp.join("state"))
+        .set("TFINIT_OWNER", "config-test")
+        .with(env);
+    let mut l = Launch::new(
+        As::Subreaper,
+        config,
+        &[OsStr::new("touch"), marker.as_os_str()],
+    );
+    l.args = args
+        .iter()
+        .map(OsString::from)
+        .chain(l.args.iter().cloned())
+        .collect();
+    let mut c = l.command();
     let out = common::run_output(&mut c, Duration::from_secs(30));
     Outcome {
         code: out.status.code(),

@@ -25,8 +25,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use common::pods::{
-    self, apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms,
-    records, text, wrapped_terraform, Place, Pod, PodSpec, RETRY, STEP,
+    self, apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms, text,
+    wrapped_terraform, Place, Pod, PodSpec, RETRY, STEP,
 };
 use common::{deps, wait_for, TempDir};
 
@@ -296,10 +296,6 @@ impl World {
         self.api.assert_only_the_served_surface();
     }
 
-    fn records(&self) -> Vec<(PathBuf, Value)> {
-        records(&self.state)
-    }
-
     /// A record of pod-a's dead run (its heartbeat long stale) and the Lock Info its lock would
     /// carry (created while it ran).
     fn plant_dead_run(&self, workspace: &str) -> (PathBuf, Value) {
@@ -378,15 +374,7 @@ fn a_pod_killed_mid_apply_is_recovered_by_the_next_pod(single_process: bool) {
             env: env_a,
         },
     );
-    let rec = wait_for(
-        STEP,
-        "pod-a's record with null_resource.a in progress",
-        || {
-            let recs = w.records();
-            let (_, r) = recs.first()?;
-            (r["in_progress"] == json!(["null_resource.a"])).then(|| r.clone())
-        },
-    );
+    let rec = w.wait_in_progress("pod-a", &["null_resource.a"]);
     let lock = wait_for(STEP, "pod-a's Lease", || w.api.lock(workspace));
     assert_eq!(
         wrapped_terraform(&w.ws).is_some(),

@@ -190,14 +190,7 @@ fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_
             env: vec![],
         },
     );
-    wait_for(
-        STEP,
-        "the record to show null_resource.a in progress",
-        || {
-            let recs = w.records();
-            (recs.first()?.1["in_progress"] == json!(["null_resource.a"])).then_some(())
-        },
-    );
+    w.wait_in_progress("the run", &["null_resource.a"]);
     let lock = wait_for(STEP, "the lock", || w.moto.lock(STATE));
     let child = wrapped_terraform(&w.ws).expect("terraform's wrapped child");
     nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL).unwrap();

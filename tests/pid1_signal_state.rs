@@ -10,7 +10,7 @@ mod common;
 #[path = "common/pid1_init.rs"]
 mod pid1_init;
 
-use common::{helper, tfinit, wait_for, TempDir};
+use common::{helper, wait_for, TempDir};
 use pid1_init::*;
 use std::process::Command;
 
@@ -53,21 +53,10 @@ fn the_child_gets_no_ignored_signal_even_when_tfinit_was_started_with_some_ignor
 
     for how in both() {
         let tmp = TempDir::new("mask-trap");
-        let mut cmd = match how {
-            As::Pid1 => {
-                let mut c = common::unshare();
-                c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-                c
-            }
-            As::Subreaper => Command::new("env"),
-        };
-        cmd.args(["sh", "-c", TRAP])
-            .arg(tfinit())
-            .arg("--")
-            .arg(helper())
-            .arg("mask");
-        isolate(&mut cmd, &tmp);
-        let done = start_cmd(how, cmd).wait(SOON);
+        // The same shell start in front of tfinit: it inherits SIGINT and SIGQUIT ignored.
+        let mut l = launch(how, &tmp, &[os("--"), helper_arg(), os("mask")]);
+        l.prelude = Some("trap '' INT QUIT".into());
+        let done = start_launch(l).wait(SOON);
         assert_eq!(done.code(), Some(0), "{}", done.stderr);
         assert_eq!(mask_of(&done), (NONE.into(), NONE.into()), "{how:?}");
     }

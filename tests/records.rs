@@ -13,11 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use common::pods::{now_ms, walk, Place, Pod, PodSpec, STEP};
+use common::pods::{now_ms, walk, Place, Pod, PodSpec, NOBODY_UID, STEP};
 use common::{tfinit, wait_for};
-
-/// A uid without a passwd entry.
-const NOBODY_UID: u32 = 4321;
 
 /// The pods' TFINIT_OWNER_TTL.
 const TTL: Duration = Duration::from_secs(3);
@@ -47,22 +44,8 @@ impl World {
         let path = format!("{}:{}:/usr/bin:/bin", place.shim.display(), fake.display());
         place.terraform_dir = fake;
         let w = World { place, path };
-        w.chown_all();
+        w.give_to_pods();
         w
-    }
-
-    fn chown_all(&self) {
-        if !common::is_root() {
-            // A normal user: the files are already ours, and so are the pods (root in their user
-            // namespace is this user); only root can give them to another uid.
-            return;
-        }
-        let st = Command::new("chown")
-            .args(["-R", &format!("{NOBODY_UID}:{NOBODY_UID}")])
-            .arg(&self.tmp.0)
-            .status()
-            .unwrap();
-        assert!(st.success());
     }
 
     fn out(&self) -> PathBuf {
@@ -146,7 +129,7 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
     }
     let w = World::new("rec-life", SNAPSHOT);
     fs::create_dir_all(w.ws.join("sub")).unwrap();
-    w.chown_all();
+    w.give_to_pods();
     let script = "terraform -chdir=sub apply -auto-approve -var=password=hunter2 -var 'token=abc123' \
                   -var-file=prod.tfvars -input=false && FAKE_EXIT=3 terraform destroy -auto-approve; \
                   echo \"codes $?\" > \"$OUT-codes\"; \
@@ -242,7 +225,7 @@ fn the_record_names_the_workspace_the_shim_read_in_the_runs_data_directory() {
     fs::write(w.ws.join("sub/.terraform/environment"), "staging\n").unwrap();
     fs::write(w.ws.join(".terraform/environment"), "wrong").unwrap();
     fs::write(w.ws.join("sub/data/environment"), "moved").unwrap();
-    w.chown_all();
+    w.give_to_pods();
     let script = "terraform -chdir=sub apply -auto-approve && \
                   TF_DATA_DIR=data terraform -chdir=sub apply -auto-approve && \
                   TF_WORKSPACE=prod terraform -chdir=sub apply -auto-approve && \
@@ -349,7 +332,7 @@ esac"#,
     for d in ["kill", "panicwrap", "release", "fail"] {
         fs::create_dir_all(w.ws.join(d)).unwrap();
     }
-    w.chown_all();
+    w.give_to_pods();
     let script = "for h in kill panicwrap release fail; do (cd $h && HOW=$h terraform apply -auto-approve); done; true";
     let mut pod = w.pod("pod-r", None, script, &[]);
     assert!(pod.wait().success(), "{}", pod.log());
@@ -526,7 +509,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
     for (name, bytes) in files {
         fs::write(records.join(name), bytes).unwrap();
     }
-    w.chown_all();
+    w.give_to_pods();
 
     // A dry run reports them and changes nothing.
     let dry = common::run_output(

@@ -2,7 +2,7 @@
 //! same environment (same stdout bytes, stderr bytes and exit code), at any size and any reader
 //! speed, with argv[0] and exit codes (128+N for death by signal N) passed through.
 //!
-//! The terraform shim end to end. tfinit runs as PID 1 of a PID namespace (`common::pid1`); a
+//! The terraform shim end to end. tfinit runs as PID 1 of a PID namespace (`common::launch`); a
 //! `terraform` symlink to tfinit comes first on PATH, and the real terraform 1.0.3 (.test-deps/bin)
 //! or the helper's fake terraform comes after it. Shim runs are compared with direct runs of the
 //! same terraform in the same environment: same stdout bytes, stderr bytes and exit code.
@@ -318,12 +318,7 @@ fn argv0_reaches_terraform_as_the_shim_was_invoked_terraform_or_tofu() {
         let r = Running::start(cmd, true);
         let (pid, _) = fake_started(&log);
         let host = init.host_pid(pid).expect("the fake terraform's pid");
-        let cmdline = std::fs::read(format!("/proc/{host}/cmdline")).unwrap();
-        let argv: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(text)
-            .collect();
+        let argv = common::cmdline(host);
         assert_eq!(argv, vec![argv0.to_string(), "plan".into()], "{what}");
         let o = r.wait(SHORT);
         assert_eq!(o.status.code(), Some(0), "{what}: {}", text(&o.stderr));

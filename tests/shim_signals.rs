@@ -2,7 +2,7 @@
 //! an abandoned run gets one SIGTERM, and its process group is killed only after the stop
 //! timeout or once terraform has stopped.
 //!
-//! The terraform shim end to end. tfinit runs as PID 1 of a PID namespace (`common::pid1`); a
+//! The terraform shim end to end. tfinit runs as PID 1 of a PID namespace (`common::launch`); a
 //! `terraform` symlink to tfinit comes first on PATH, and the real terraform 1.0.3 (.test-deps/bin)
 //! or the helper's fake terraform comes after it. Shim runs are compared with direct runs of the
 //! same terraform in the same environment: same stdout bytes, stderr bytes and exit code.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use crate::common;
+use crate::common::launch::Config;
 use crate::common::moto::Moto;
 use crate::common::{deps, repo, require, run_output, TempDir};
 use serde_json::Value;
@@ -401,18 +402,18 @@ impl Workspace {
         }
     }
 
-    /// The environment of the controller stand-in plus `extra`.
+    /// The environment of the controller stand-in plus `extra`: the same [`Config`] every other
+    /// harness gives tfinit, here as `docker run -e` pairs (the image's entrypoint is tfinit).
     pub fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-        let mut env = vec![
-            ("WORKSPACE_UID".to_string(), self.uid.clone()),
-            ("STATE_KEY".into(), self.key.clone()),
-            ("BACKEND_ENDPOINT".into(), self.moto.endpoint()),
-            ("EXIT_ON_TERM".into(), CONTROLLER_EXIT.to_string()),
+        Config::default()
+            .set("WORKSPACE_UID", &self.uid)
+            .set("STATE_KEY", &self.key)
+            .set("BACKEND_ENDPOINT", self.moto.endpoint())
+            .set("EXIT_ON_TERM", CONTROLLER_EXIT.to_string())
             // Output of runs whose shim is gone is logged at debug.
-            ("TFINIT_LOG".into(), "debug".into()),
-        ];
-        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        env
+            .set("TFINIT_LOG", "debug")
+            .with(extra)
+            .pairs()
     }
 
     /// The lock-owner records on the state volume.

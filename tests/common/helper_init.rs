@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 use crate::common;
-use crate::common::{collect, tfinit_under, TFINIT_VARS};
-use crate::common::{fake_terraform_dir, helper, read, shim_dir, tfinit, wait_for, TempDir};
+use crate::common::collect;
+use crate::common::launch::{self, As, Config, Launch, Out};
+use crate::common::{fake_terraform_dir, helper, read, shim_dir, wait_for, TempDir};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -77,14 +79,7 @@ pub fn terraform_children_of(pid: i32) -> usize {
         .count()
 }
 
-/// A field of /proc/PID/status in KiB (`VmHWM`, `VmRSS`).
-pub fn status_kib(pid: i32, field: &str) -> u64 {
-    read(Path::new(&format!("/proc/{pid}/status")))
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
+pub use crate::common::status_kib;
 
 impl Init {
     pub fn start(tmp: &TempDir, setup: Setup<'_>) -> Init {
@@ -103,47 +98,41 @@ impl Init {
         let work = tmp.join("work");
         std::fs::create_dir_all(&work).unwrap();
         let signals_log = tmp.join("controller.log");
-        let mut c = common::unshare();
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-        if !setup.before.is_empty() {
-            c.args([
-                "sh",
-                "-c",
-                &format!("set -e; {}; exec \"$0\" \"$@\"", setup.before),
-            ]);
-        }
-        c.arg(tfinit()).arg("--");
         let h = helper();
         let signals = format!(
             "{} signals {} --exit-on TERM",
             sh_quote(&h),
             sh_quote(&signals_log)
         );
-        if setup.controller_first.is_empty() {
-            c.arg(&h)
-                .arg("signals")
-                .arg(&signals_log)
-                .args(["--exit-on", "TERM"]);
+        let controller: Vec<OsString> = if setup.controller_first.is_empty() {
+            vec![
+                h.into(),
+                "signals".into(),
+                signals_log.clone().into(),
+                "--exit-on".into(),
+                "TERM".into(),
+            ]
         } else {
-            c.args([
-                "sh",
-                "-c",
-                &format!("{}\nexec {signals}", setup.controller_first),
-            ]);
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("{}\nexec {signals}", setup.controller_first).into(),
+            ]
+        };
+        // The state dir may be a test's own (unusable on purpose): not created here.
+        let config = Config::default()
+            .set("TFINIT_RUN_DIR", &run_dir)
+            .set("TFINIT_STATE_DIR", &state_dir)
+            .set("TFINIT_OWNER", setup.owner.unwrap_or("bad-input"))
+            .with(setup.env);
+        let mut l = Launch::new(As::Pid1, config, &controller);
+        if !setup.before.is_empty() {
+            l.prelude = Some(setup.before.to_string());
         }
-        for v in TFINIT_VARS {
-            c.env_remove(v);
-        }
-        c.env("TFINIT_RUN_DIR", &run_dir)
-            .env("TFINIT_STATE_DIR", &state_dir)
-            .env("TFINIT_OWNER", setup.owner.unwrap_or("bad-input"))
-            .envs(setup.env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("spawn unshare");
+        l.stderr = Out::Piped;
+        let mut child = l.spawn();
         let (stderr, reader) = collect(child.stderr.take().unwrap());
-        let pid = tfinit_under(child.id() as i32, Duration::from_secs(60));
+        let pid = launch::host_pid(As::Pid1, &child, Duration::from_secs(60));
         let init = Init {
             child,
             pid,

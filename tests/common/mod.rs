@@ -21,6 +21,7 @@ macro_rules! both_shapes {
 }
 
 pub mod fuse;
+pub mod launch;
 pub mod moto;
 pub mod pods;
 pub mod shim;
@@ -275,22 +276,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A command that runs `tfinit ARGS` as PID 1 of a new PID namespace (and mount namespace, so
-/// /proc shows only that namespace), through [`unshare`]. With `hostname`, also a new UTS
-/// namespace of that name.
-pub fn pid1(hostname: Option<&str>) -> Command {
-    let mut c = unshare();
-    c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-    if let Some(h) = hostname {
-        c.arg("--uts");
-        c.arg("sh")
-            .arg("-c")
-            .arg(format!("hostname {h} && exec \"$0\" \"$@\""));
-    }
-    c.arg(tfinit());
-    c
-}
-
 /// Polls `f` every 10 ms until it returns Some or `timeout` passes (then panics with `what`).
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -326,6 +311,25 @@ pub fn run_output(cmd: &mut Command, timeout: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     wait_output_until(child, Instant::now() + timeout, &format!("{cmd:?}"))
+}
+
+/// The command line of process `pid` (empty when it is gone).
+pub fn cmdline(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// A field of /proc/PID/status in KiB (`VmHWM`, `VmRSS`).
+pub fn status_kib(pid: i32, field: &str) -> u64 {
+    read(Path::new(&format!("/proc/{pid}/status")))
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// Reads a file, or empty when missing.

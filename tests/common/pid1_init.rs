@@ -4,26 +4,19 @@
 #![allow(dead_code)]
 
 use crate::common;
-use crate::common::TFINIT_VARS;
-use crate::common::{helper, read, tfinit, wait_for, TempDir};
+use crate::common::{helper, read, wait_for, TempDir};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Generous bound for anything that should take well under a second.
 pub const SOON: Duration = Duration::from_secs(20);
 
-/// How tfinit runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum As {
-    /// PID 1 of a new PID namespace with its own /proc (unshare), as in a container.
-    Pid1,
-    /// A plain process of the host: it must register as child subreaper to get orphans.
-    Subreaper,
-}
+pub use crate::common::launch::As;
+use crate::common::launch::{self, Config, Launch, Out};
 
 /// Both ways; only as subreaper (with a one-line skip) where PID namespaces cannot be made.
 pub fn both() -> Vec<As> {
@@ -58,27 +51,14 @@ impl Finished {
     }
 }
 
-/// A command for `tfinit ARGS` run `how`, with a private run and state directory in `tmp`.
-pub fn command(how: As, tmp: &TempDir) -> Command {
-    let mut c = match how {
-        As::Pid1 => common::pid1(None),
-        As::Subreaper => Command::new(tfinit()),
-    };
-    common::scrub(&mut c);
-    isolate(&mut c, tmp);
-    c
-}
-
-/// Clears every TFINIT_* variable and points the run and state directories into `tmp`.
-pub fn isolate(c: &mut Command, tmp: &TempDir) {
-    for v in TFINIT_VARS {
-        c.env_remove(v);
-    }
-    let state = tmp.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    c.env("TFINIT_RUN_DIR", tmp.join("run"))
-        .env("TFINIT_STATE_DIR", state)
-        .env("TFINIT_OWNER", "pid1-test");
+/// How to start `tfinit ARGS` run `how`, with a private run and state directory in `tmp` (the
+/// caller may add to it before [`start_launch`]).
+pub fn launch(how: As, tmp: &TempDir, args: &[&OsStr]) -> Launch {
+    let config =
+        Config::dirs(&tmp.join("run"), &tmp.join("state")).set("TFINIT_OWNER", "pid1-test");
+    let mut l = Launch::new(how, config, &[] as &[&str]);
+    l.args = args.iter().map(|a| a.to_os_string()).collect();
+    l
 }
 
 pub fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -89,16 +69,15 @@ pub fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
     })
 }
 
-/// Starts `cmd` (built by [`command`] or by hand for `how`) and finds tfinit's host pid.
-pub fn start_cmd(how: As, mut cmd: Command) -> Init {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn tfinit");
+/// Starts tfinit as `l` says, its output collected; its host pid is found when first needed.
+pub fn start_launch(mut l: Launch) -> Init {
+    l.stdout = Out::Piped;
+    l.stderr = Out::Piped;
+    let mut child = l.spawn();
     let out = collect(child.stdout.take().unwrap());
     let err = collect(child.stderr.take().unwrap());
     Init {
-        how,
+        how: l.how,
         child,
         pid: std::cell::OnceCell::new(),
         out,
@@ -108,27 +87,18 @@ pub fn start_cmd(how: As, mut cmd: Command) -> Init {
 
 /// Starts `tfinit [env] -- ARGS` run `how`.
 pub fn start(how: As, tmp: &TempDir, env: &[(&str, &str)], args: &[&OsStr]) -> Init {
-    let mut cmd = command(how, tmp);
-    cmd.envs(env.iter().copied()).args(args);
-    start_cmd(how, cmd)
+    let mut l = launch(how, tmp, args);
+    l.config = l.config.with(env);
+    start_launch(l)
 }
 
 impl Init {
     /// tfinit's host pid: the child we started, or under unshare --fork, unshare's child once it
     /// has exec'd tfinit.
     pub fn pid(&self) -> i32 {
-        *self.pid.get_or_init(|| match self.how {
-            As::Subreaper => self.child.id() as i32,
-            As::Pid1 => {
-                let unshare = self.child.id() as i32;
-                let want = std::fs::canonicalize(tfinit()).unwrap();
-                wait_for(SOON, "tfinit to start under unshare", || {
-                    children_of(unshare).into_iter().find(|p| {
-                        std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&want)
-                    })
-                })
-            }
-        })
+        *self
+            .pid
+            .get_or_init(|| launch::host_pid(self.how, &self.child, SOON))
     }
 
     /// Sends `sig` to tfinit itself.

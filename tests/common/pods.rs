@@ -3,20 +3,24 @@
 //! scripts; reading records, attempts and heartbeats back.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use super::{deps, tfinit, TempDir};
+use super::launch::{As, Config, Launch, Out};
+use super::{deps, tfinit, wait_for, TempDir};
 
 /// The pause between two attempts of a controller loop.
 pub const RETRY: Duration = Duration::from_secs(1);
 
 /// Bound for steps that take a few seconds at most.
 pub const STEP: Duration = Duration::from_secs(60);
+
+/// A uid without a passwd entry, for pods that run as a user (provider-terraform's 2000 has none):
+/// terraform writes its Who as `@<hostname>`.
+pub const NOBODY_UID: u32 = 4321;
 
 /// Where pods run, the part every test's world has: its temp dir (logs go there), the terraform
 /// working directory, the shared TFINIT_STATE_DIR, the directory with the `terraform` shim, the
@@ -38,6 +42,43 @@ pub struct Place {
 }
 
 impl Place {
+    /// The records in the shared state dir, with their contents.
+    pub fn records(&self) -> Vec<(PathBuf, Value)> {
+        records(&self.state)
+    }
+
+    /// Waits (up to [`STEP`]) until the first record shows exactly `in_progress`; returns it.
+    pub fn wait_in_progress(&self, whose: &str, in_progress: &[&str]) -> Value {
+        wait_for(
+            STEP,
+            &format!("{whose}'s record to show {in_progress:?} in progress"),
+            || {
+                let recs = self.records();
+                let (_, r) = recs.first()?;
+                (r["in_progress"] == serde_json::json!(in_progress)).then(|| r.clone())
+            },
+        )
+    }
+
+    /// Gives everything in the test's temp dir to [`NOBODY_UID`], for pods that run as it. As a
+    /// normal user it does nothing: the files are already ours, and so are the pods (root in
+    /// their user namespace is this user); only root can give them to another uid.
+    pub fn give_to_pods(&self) {
+        if !super::is_root() {
+            return;
+        }
+        let st = Command::new("chown")
+            .args(["-R", &format!("{NOBODY_UID}:{NOBODY_UID}")])
+            .arg(&self.tmp.0)
+            .status()
+            .expect("run chown");
+        assert!(
+            st.success(),
+            "chown -R {NOBODY_UID} {}",
+            self.tmp.0.display()
+        );
+    }
+
     /// A fresh temp dir `name` with `ws/` (the configuration tests/fixtures/CONFIG when given:
     /// [`super::config_dir`]), `state/` and the shim.
     pub fn new(name: &str, config: Option<&str>, ttl: Duration) -> Place {
@@ -151,53 +192,33 @@ impl Pod {
     /// Starts a pod in `w`'s working directory.
     pub fn start(w: &Place, spec: PodSpec) -> Pod {
         let log = w.tmp.0.join(format!("{}-{}.log", spec.name, now_ms()));
-        let f = fs::File::create(&log).unwrap();
-        let drop_privileges = match spec.uid {
-            Some(u) => format!("setpriv --reuid {u} --regid {u} --clear-groups "),
-            None => String::new(),
-        };
         let run_dir = w.tmp.0.join(format!("run-{}-{}", spec.name, now_ms()));
-        let mut c = super::unshare();
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
-            .arg("sh")
-            .arg("-c")
-            .arg(format!(
-                "hostname {} && exec {drop_privileges}\"$0\" \"$@\"",
-                spec.name
-            ))
-            .arg(tfinit())
-            .args(["--", "sh", "-c", &spec.script])
-            .current_dir(&w.ws)
-            .env_clear()
-            .env(
-                "PATH",
-                format!(
-                    "{}:{}:/usr/bin:/bin",
-                    w.shim.display(),
-                    w.terraform_dir.display()
-                ),
+        let l = Launch {
+            hostname: Some(spec.name.to_string()),
+            uid: spec.uid,
+            bare_env: Some(format!(
+                "{}:{}:/usr/bin:/bin",
+                w.shim.display(),
+                w.terraform_dir.display()
+            )),
+            cwd: Some(w.ws.clone()),
+            stdout: Out::File(log.clone()),
+            stderr: Out::File(log.clone()),
+            // The pod dies with the test, also when the test thread dies without unwinding.
+            die_with_test: true,
+            ..Launch::new(
+                As::Pid1,
+                Config::default()
+                    .set("TFINIT_STATE_DIR", &w.state)
+                    .set("TFINIT_RUN_DIR", &run_dir)
+                    .set("TFINIT_OWNER_TTL", format!("{}s", w.ttl.as_secs()))
+                    .set("TFINIT_LOG", "debug")
+                    .with(&spec.env),
+                &["sh", "-c", &spec.script],
             )
-            .env("CHECKPOINT_DISABLE", "1")
-            .env("TFINIT_STATE_DIR", &w.state)
-            .env("TFINIT_RUN_DIR", &run_dir)
-            .env("TFINIT_OWNER_TTL", format!("{}s", w.ttl.as_secs()))
-            .env("TFINIT_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f);
-        for (k, v) in &spec.env {
-            c.env(k, v);
-        }
-        // The pod dies with the test, also when the test thread dies without unwinding.
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-        unsafe {
-            c.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        };
         Pod {
-            child: c.spawn().expect("start the pod"),
+            child: l.spawn(),
             log,
         }
     }

@@ -4,18 +4,16 @@
 
 use crate::common;
 use crate::common::moto::Moto;
-use crate::common::pods::{self, apply_once, records, text, Place, Pod, PodSpec, STEP};
+use crate::common::pods::{self, apply_once, text, Place, Pod, PodSpec, STEP};
 use crate::common::{deps, wait_for};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 /// TFINIT_OWNER_TTL of the pods (short, so a dead owner is seen dead quickly).
 pub const TTL: Duration = Duration::from_secs(3);
 
-/// A uid without a passwd entry: terraform writes its Who as `@<hostname>`.
-pub const NOBODY_UID: u32 = 4321;
+pub use crate::common::pods::NOBODY_UID;
 
 /// The state key every test uses (each test has its own moto server).
 pub const STATE: &str = "tfstate/tfinit/terraform.tfstate";
@@ -54,12 +52,7 @@ impl World {
         ]);
         assert!(out.status.success(), "terraform init: {}", text(&out));
         // Pods may run as a uid without a passwd entry.
-        let st = Command::new("chown")
-            .args(["-R", &format!("{NOBODY_UID}:{NOBODY_UID}")])
-            .arg(&w.tmp.0)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        w.give_to_pods();
         w
     }
 
@@ -97,10 +90,6 @@ impl World {
         for r in ["null_resource.a", "null_resource.b", "null_resource.c"] {
             assert!(names.lines().any(|l| l == r), "{r} in state: {names}");
         }
-    }
-
-    pub fn records(&self) -> Vec<(PathBuf, Value)> {
-        records(&self.state)
     }
 
     /// Writes a record file by hand (the format of docs/records.md).
@@ -141,15 +130,7 @@ pub fn pod_a_mid_apply(w: &World, name: &str, uid: Option<u32>, json_output: boo
             ],
         },
     );
-    let rec = wait_for(
-        STEP,
-        "pod-a's record to show null_resource.a in progress",
-        || {
-            let recs = w.records();
-            let (_, r) = recs.first()?;
-            (r["in_progress"] == json!(["null_resource.a"])).then(|| r.clone())
-        },
-    );
+    let rec = w.wait_in_progress("pod-a", &["null_resource.a"]);
     wait_for(STEP, "pod-a's lock in DynamoDB", || w.moto.lock(STATE));
     (pod, rec)
 }

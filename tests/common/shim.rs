@@ -15,6 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use crate::common::launch::{self, As, Config, Launch, Out};
 pub use crate::common::Shape;
 use crate::common::{self, wait_for, TempDir};
 /// Deadline for anything that runs real terraform (2 cores, other builds running).
@@ -161,27 +162,17 @@ impl Init {
                 "TERM".into(),
             ]
         });
-        let mut cmd = common::pid1(None);
-        cmd.arg("--")
-            .args(&controller)
-            .current_dir(cwd)
-            .env("TFINIT_RUN_DIR", &run_dir)
-            .env("TFINIT_STATE_DIR", &state_dir)
-            .env("TFINIT_LOG", "debug")
-            .env("CHECKPOINT_DISABLE", "1")
-            .env_remove("TF_FORK")
-            .env_remove("TF_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut unshare = cmd.spawn().expect("start unshare");
+        let config = Config::dirs(&run_dir, &state_dir)
+            .set("TFINIT_LOG", "debug")
+            .with(env);
+        let mut l = Launch::new(As::Pid1, config, &controller);
+        l.cwd = Some(cwd.to_path_buf());
+        l.stdout = Out::Piped;
+        l.stderr = Out::Piped;
+        let mut unshare = l.spawn();
         let (out, h1) = Captured::collect(unshare.stdout.take().unwrap());
         let (log, h2) = Captured::collect(unshare.stderr.take().unwrap());
-        let upid = unshare.id();
-        let pid = common::tfinit_under(upid as i32, SHORT);
+        let pid = launch::host_pid(As::Pid1, &unshare, SHORT);
         let init = Init {
             unshare,
             pid,
@@ -283,25 +274,14 @@ impl Init {
             {
                 continue;
             }
-            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let args: Vec<String> = cmdline
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(text)
-                .collect();
-            found.push((p, args.join(" ")));
+            found.push((p, common::cmdline(p).join(" ")));
         }
         found
     }
 
     /// The init's peak resident memory (VmHWM), in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM of the init")
+        common::status_kib(self.pid, "VmHWM")
     }
 
     /// Sends the init a signal.

@@ -230,7 +230,10 @@ fn the_record_names_the_workspace_the_shim_read_in_the_runs_data_directory() {
                   TF_DATA_DIR=data terraform -chdir=sub apply -auto-approve && \
                   TF_WORKSPACE=prod terraform -chdir=sub apply -auto-approve && \
                   TF_DATA_DIR=nowhere terraform -chdir=sub apply -auto-approve";
-    let mut pod = w.pod("pod-ws", Some(NOBODY_UID), script, &[]);
+    // As a uid without a passwd entry where that can be done (root); a normal user's pod runs as
+    // that user, which reads the same workspace files.
+    let uid = common::is_root().then_some(NOBODY_UID);
+    let mut pod = w.pod("pod-ws", uid, script, &[]);
     assert!(pod.wait().success(), "{}", pod.log());
     let workspace = |n: usize| {
         let recs = snapshot(&w, n);

@@ -1,4 +1,8 @@
 //! Shared helpers of the integration tests: the binaries, PID namespaces, temp dirs, polling.
+//! The one way to start tfinit as an init is [`launch`]; pods (a hostname, a uid, a state dir)
+//! are [`pods`]; moto is [`moto`]; a working directory of a fixture configuration is
+//! [`config_dir`]. The per-suite harnesses (`pid1_init`, `shim`, `helper_init`, `s3_pods`,
+//! `docker`, `fuse`, tests/fixtures/slow) build on these.
 #![allow(dead_code)]
 
 /// Generates one test per terraform shape for a scenario `fn name(shape: Shape)` of the file that

@@ -213,28 +213,30 @@ pub fn valid_workspace(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '~' | '+'))
 }
 
+/// A record for unit tests: `owner`'s apply (run r1) in /tf/x, Who `@pod-a`, started now.
+#[cfg(test)]
+pub(crate) fn sample(owner: &Owner) -> Record {
+    Record {
+        v: FORMAT,
+        owner: owner.clone(),
+        who: "@pod-a".into(),
+        run_id: "r1".into(),
+        cwd: "/tf/x".into(),
+        workdir: "/tf/x".into(),
+        workspace: "default".into(),
+        subcommand: "apply".into(),
+        argv: vec!["apply".into()],
+        started_ms: now_ms(),
+        in_progress: vec![],
+        updated_ms: now_ms(),
+        ended: None,
+        needs_person: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample(owner: &Owner) -> Record {
-        Record {
-            v: FORMAT,
-            owner: owner.clone(),
-            who: "@pod-a".into(),
-            run_id: "r1".into(),
-            cwd: "/tf/x".into(),
-            workdir: "/tf/x".into(),
-            workspace: "default".into(),
-            subcommand: "apply".into(),
-            argv: vec!["apply".into()],
-            started_ms: now_ms(),
-            in_progress: vec![],
-            updated_ms: now_ms(),
-            ended: None,
-            needs_person: None,
-        }
-    }
 
     #[test]
     fn records_that_could_steer_a_recovery_are_corrupt() {

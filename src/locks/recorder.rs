@@ -802,20 +802,10 @@ pub(crate) mod tests {
 
     pub(crate) fn record(run: &str) -> Box<Record> {
         Box::new(Record {
-            v: FORMAT,
-            owner: me(),
             who: String::new(),
             run_id: run.into(),
-            cwd: "/tf/x".into(),
-            workdir: "/tf/x".into(),
-            workspace: "default".into(),
-            subcommand: "apply".into(),
-            argv: vec!["apply".into()],
-            started_ms: now_ms(),
-            in_progress: vec![],
             updated_ms: 0,
-            ended: None,
-            needs_person: None,
+            ..crate::locks::record::sample(&me())
         })
     }
 

@@ -444,26 +444,7 @@ fn unique_suffix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::locks::record::FORMAT;
-
-    fn sample(owner: &Owner) -> Record {
-        Record {
-            v: FORMAT,
-            owner: owner.clone(),
-            who: "@pod-a".into(),
-            run_id: "r1".into(),
-            cwd: "/tf/x".into(),
-            workdir: "/tf/x".into(),
-            workspace: "default".into(),
-            subcommand: "apply".into(),
-            argv: vec!["apply".into()],
-            started_ms: now_ms(),
-            in_progress: vec![],
-            updated_ms: now_ms(),
-            ended: None,
-            needs_person: None,
-        }
-    }
+    use crate::locks::record::sample;
 
     fn temp_store(name: &str) -> (PathBuf, FileStore) {
         let dir = std::env::temp_dir().join(format!("tfinit-rec-{name}-{}", std::process::id()));

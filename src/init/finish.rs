@@ -123,7 +123,7 @@ impl Init {
             );
         }
         if job.follower.is_some() {
-            self.close_record(&job, exit);
+            self.close_record(&job, exit, unfinished);
         }
         if let Some(c) = job.conn {
             self.reply_exit(
@@ -140,14 +140,9 @@ impl Init {
 
     /// A state-locking run is over: its record is removed when terraform exited by itself, and
     /// kept, marked ended, when it may have left its lock (the recorder does either, in order
-    /// after the record's other writes).
-    fn close_record(&mut self, job: &Job, exit: Exit) {
+    /// after the record's other writes). `in_progress`: the operations it left unfinished.
+    fn close_record(&mut self, job: &Job, exit: Exit, in_progress: Vec<String>) {
         let trouble = job.follower.as_ref().and_then(Follower::lock_trouble);
-        let in_progress = job
-            .follower
-            .as_ref()
-            .map(Follower::in_progress)
-            .unwrap_or_default();
         let ended = match (exit, trouble) {
             (Exit::Code(c), None) if c != PANICWRAP_CHILD_KILLED => None,
             (Exit::Signal(s), _) => Some(format!("killed by {}", signals::name(s))),

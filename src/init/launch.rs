@@ -25,23 +25,9 @@ const EXIT_SETUP_FAILED: i32 = 125;
 impl Init {
     /// Starts a run for a shim's request (or refuses it), answering on connection `conn`.
     pub(super) fn start_run(&mut self, conn: u64, req: RunRequest, stdin: Option<OwnedFd>) {
-        if !self.timeline.accepts_runs() {
-            let phase = self.timeline.phase();
-            let msg = format!(
-                "tfinit: the init is {} ({}): terraform was not started; the controller should retry later (exit code {})",
-                if phase == Phase::Draining { "draining" } else { "shutting down" },
-                if phase == Phase::Draining { "tfinit drain; `tfinit resume` accepts runs again" } else { "the container is stopping" },
-                protocol::EXIT_REFUSED
-            );
-            tracing::info!(phase = phase.as_str(), args = ?terraform::redact(&req.args), cwd = %req.cwd, "terraform run refused");
-            self.reply_exit(
-                conn,
-                ExitNote {
-                    code: protocol::EXIT_REFUSED,
-                    error: Some(msg),
-                    ..Default::default()
-                },
-            );
+        if let Some(why) = self.refusal() {
+            tracing::info!(phase = self.timeline.phase().as_str(), args = ?terraform::redact(&req.args), cwd = %req.cwd, "terraform run refused");
+            self.reply_refused(conn, None, why);
             return;
         }
         let id = self.next_run;
@@ -97,6 +83,7 @@ impl Init {
             // Whether a dead run's record is here is known once the recorder has read the store.
             return self.await_records(id, job, req, stdin, deadline);
         }
+        // The book answers from memory (the recorder's last scan): no storage call here.
         if !self.book.needs_recovery(&job.workdir, record::now_ms()) {
             return self.record_step(id, job, req, stdin, Some(deadline));
         }
@@ -179,14 +166,13 @@ impl Init {
         stdin: Option<OwnedFd>,
         deadline: Option<Instant>,
     ) {
-        let now = Instant::now();
-        let start = self.book.begin_until(
+        let start = self.book.begin(
             &job.id,
             &job.workdir,
             &job.workspace,
             &req.env,
-            now,
-            deadline.unwrap_or(now + self.cfg.record_timeout),
+            Instant::now(),
+            deadline,
         );
         match start {
             Start::Unrecorded(notice) => {
@@ -248,9 +234,43 @@ impl Init {
         }
     }
 
-    /// Refuses every run that has not started because it waits for the store (shutdown, drain):
-    /// it is answered 75 and never started; its record, if it lands later, is removed.
-    pub(super) fn refuse_waiting(&mut self, why: &str) {
+    /// Why new runs are refused now, as the refusal says it; None while runs are accepted.
+    pub(super) fn refusal(&self) -> Option<&'static str> {
+        if self.timeline.accepts_runs() {
+            return None;
+        }
+        Some(if self.timeline.phase() == Phase::Draining {
+            "draining (tfinit drain; `tfinit resume` accepts runs again)"
+        } else {
+            "shutting down (the container is stopping)"
+        })
+    }
+
+    /// Answers `conn` that its run was refused (exit code 75, "try again later") because the
+    /// init is `why`.
+    fn reply_refused(&mut self, conn: u64, run_id: Option<String>, why: &str) {
+        let msg = format!(
+            "tfinit: the init is {why}: terraform was not started; the controller should retry later (exit code {})",
+            protocol::EXIT_REFUSED
+        );
+        self.reply_exit(
+            conn,
+            ExitNote {
+                code: protocol::EXIT_REFUSED,
+                error: Some(msg),
+                run_id,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Refuses every run that has not started because it waits for the store, once the init
+    /// stopped accepting runs (shutdown, drain): it is answered 75 and never started; its record,
+    /// if it lands later, is removed.
+    pub(super) fn refuse_waiting(&mut self) {
+        let Some(why) = self.refusal() else {
+            return;
+        };
         let ids: Vec<u64> = self
             .runs
             .iter()
@@ -264,19 +284,7 @@ impl Init {
             tracing::info!(run = %run.job.id, state = run.life.as_str(), reason = why, "terraform run refused before it started");
             self.forget_record(&run.job.id);
             if let Some(c) = run.job.conn {
-                let msg = format!(
-                    "tfinit: the init is {why}: terraform was not started; the controller should retry later (exit code {})",
-                    protocol::EXIT_REFUSED
-                );
-                self.reply_exit(
-                    c,
-                    ExitNote {
-                        code: protocol::EXIT_REFUSED,
-                        error: Some(msg),
-                        run_id: Some(run.job.id),
-                        ..Default::default()
-                    },
-                );
+                self.reply_refused(c, Some(run.job.id), why);
             }
         }
     }

@@ -204,9 +204,7 @@ impl Init {
                         runs = self.runs.len(),
                         "draining: new terraform runs are refused until `tfinit resume`"
                     );
-                    self.refuse_waiting(
-                        "draining (tfinit drain; `tfinit resume` accepts runs again)",
-                    );
+                    self.refuse_waiting();
                 }
                 self.reply(id, true, None);
             }

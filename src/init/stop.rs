@@ -23,7 +23,7 @@ impl Init {
                     Cause::Signal => "stop signal",
                     Cause::MainExited => "controller exited",
                 };
-                self.refuse_waiting("shutting down (the container is stopping)");
+                self.refuse_waiting();
                 if cause == Cause::MainExited
                     && self.runs.is_empty()
                     && !sys::group_alive(self.main.pid)

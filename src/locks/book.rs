@@ -405,7 +405,10 @@ impl Book {
         self.runs.get(run).map(|r| &r.record)
     }
 
-    /// Registers a new state-locking run and decides whether it waits for a record.
+    /// Registers a new state-locking run and decides whether it waits for a record: until
+    /// `deadline` at the latest, or TFINIT_RECORD_TIMEOUT from `now` when None. A run that has
+    /// waited for the store already (for its directory's end-markings, or for the store to open)
+    /// passes the deadline of its first wait, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
     pub fn begin(
         &mut self,
         run: &str,
@@ -413,22 +416,9 @@ impl Book {
         workspace: &str,
         env: &[String],
         now: Instant,
+        deadline: Option<Instant>,
     ) -> Start {
-        self.begin_until(run, workdir, workspace, env, now, now + self.record_timeout)
-    }
-
-    /// [`Book::begin`] for a run that has waited for the store already (for its directory's
-    /// end-markings, or for the store to open): it waits for its record until `deadline` at the
-    /// latest, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
-    pub fn begin_until(
-        &mut self,
-        run: &str,
-        workdir: &Path,
-        workspace: &str,
-        env: &[String],
-        now: Instant,
-        deadline: Instant,
-    ) -> Start {
+        let deadline = deadline.unwrap_or(now + self.record_timeout);
         let user_env = env
             .iter()
             .filter(|kv| kv.starts_with("USER=") || kv.starts_with("HOME="))
@@ -962,7 +952,7 @@ mod tests {
     }
 
     fn begin(b: &mut Book, run: &str, now: Instant) -> Start {
-        b.begin(run, Path::new("/tf/x"), "default", &[], now)
+        b.begin(run, Path::new("/tf/x"), "default", &[], now, None)
     }
 
     #[test]
@@ -1352,8 +1342,8 @@ mod tests {
             "HOME=/home/bob".to_string(),
             "X=1".to_string(),
         ];
-        b.begin("r1", Path::new("/tf/x"), "staging", &env, t);
-        b.begin("r2", Path::new("/tf/y"), "default", &[], t);
+        b.begin("r1", Path::new("/tf/x"), "staging", &env, t, None);
+        b.begin("r2", Path::new("/tf/y"), "default", &[], t, None);
         let who: Vec<String> = b.live_runs().into_iter().map(|r| r.who).collect();
         assert_eq!(who, ["bob@pod-a", "@pod-a"]);
         b.on_completion(
@@ -1377,7 +1367,7 @@ mod tests {
         let mut b = open_book(now);
         let wd = Path::new("/tf/a");
         assert!(matches!(
-            b.begin("r1", wd, "default", &[], now),
+            b.begin("r1", wd, "default", &[], now, None),
             Start::Record { .. }
         ));
         b.on_completion(

@@ -804,6 +804,8 @@ pub(crate) mod tests {
         Box::new(Record {
             who: String::new(),
             run_id: run.into(),
+            // Fixed times: the tests compare records made at different moments.
+            started_ms: 0,
             updated_ms: 0,
             ..crate::locks::record::sample(&me())
         })

@@ -4,13 +4,13 @@
 #![allow(dead_code)]
 
 use crate::common;
-use crate::common::collect;
 use crate::common::launch::{self, As, Config, Launch, Out};
+use crate::common::Captured;
 use crate::common::{fake_terraform_dir, helper, read, shim_dir, wait_for, TempDir};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ pub struct Init {
     pub child: Child,
     /// tfinit's pid as this test sees it.
     pub pid: i32,
-    pub stderr: Arc<Mutex<String>>,
+    pub stderr: Captured,
     pub reader: Option<JoinHandle<()>>,
     pub run_dir: PathBuf,
     /// TFINIT_STATE_DIR.
@@ -131,7 +131,7 @@ impl Init {
         }
         l.stderr = Out::Piped;
         let mut child = l.spawn();
-        let (stderr, reader) = collect(child.stderr.take().unwrap());
+        let (stderr, reader) = Captured::collect(child.stderr.take().unwrap());
         let pid = launch::host_pid(As::Pid1, &child, Duration::from_secs(60));
         let init = Init {
             child,
@@ -177,7 +177,7 @@ impl Init {
     }
 
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.text()
     }
 
     /// Waits until the init's log has a line containing every one of `parts`; returns it.

@@ -411,27 +411,38 @@ pub fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Collects everything read from `pipe` (a child's stderr) in the background.
-pub fn collect(
-    mut pipe: impl std::io::Read + Send + 'static,
-) -> (
-    std::sync::Arc<std::sync::Mutex<String>>,
-    std::thread::JoinHandle<()>,
-) {
-    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 8192];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
+/// Bytes a reader thread collects from a pipe while the process runs.
+#[derive(Clone, Default)]
+pub struct Captured(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Starts the reader thread on `from`; join the handle to have every byte.
+    pub fn collect(
+        mut from: impl std::io::Read + Send + 'static,
+    ) -> (Captured, std::thread::JoinHandle<()>) {
+        let c = Captured::default();
+        let sink = c.clone();
+        let h = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => sink.0.lock().unwrap().extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
             }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    (text, reader)
+        });
+        (c, h)
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
 }
 
 /// The host pid of the tfinit that `unshare` (pid `unshare`) started as its child, waiting for

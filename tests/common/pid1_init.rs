@@ -4,9 +4,8 @@
 #![allow(dead_code)]
 
 use crate::common;
-use crate::common::{helper, read, wait_for, TempDir};
+use crate::common::{helper, read, wait_for, Captured, TempDir};
 use std::ffi::OsStr;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
 use std::thread::JoinHandle;
@@ -34,8 +33,10 @@ pub struct Init {
     /// tfinit's pid as the host (this test) sees it, found when first needed (a short-lived
     /// tfinit may be gone before anyone looks).
     pub pid: std::cell::OnceCell<i32>,
-    pub out: JoinHandle<String>,
-    pub err: JoinHandle<String>,
+    pub out: Captured,
+    pub err: Captured,
+    /// The threads filling `out` and `err`, done at end of file.
+    pub readers: Vec<JoinHandle<()>>,
 }
 
 /// What a finished tfinit left.
@@ -61,27 +62,20 @@ pub fn launch(how: As, tmp: &TempDir, args: &[&OsStr]) -> Launch {
     l
 }
 
-pub fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        String::from_utf8_lossy(&v).into_owned()
-    })
-}
-
 /// Starts tfinit as `l` says, its output collected; its host pid is found when first needed.
 pub fn start_launch(mut l: Launch) -> Init {
     l.stdout = Out::Piped;
     l.stderr = Out::Piped;
     let mut child = l.spawn();
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
+    let (out, h1) = Captured::collect(child.stdout.take().unwrap());
+    let (err, h2) = Captured::collect(child.stderr.take().unwrap());
     Init {
         how: l.how,
         child,
         pid: std::cell::OnceCell::new(),
         out,
         err,
+        readers: vec![h1, h2],
     }
 }
 
@@ -135,10 +129,13 @@ impl Init {
     /// Waits (with a deadline) until tfinit has exited.
     pub fn wait(mut self, timeout: Duration) -> Finished {
         let status = common::wait_child(&mut self.child, timeout, "tfinit");
+        for r in self.readers {
+            r.join().expect("an output reader thread");
+        }
         Finished {
             status,
-            stdout: self.out.join().unwrap(),
-            stderr: self.err.join().unwrap(),
+            stdout: self.out.text(),
+            stderr: self.err.text(),
         }
     }
 }

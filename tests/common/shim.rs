@@ -3,11 +3,10 @@
 //! through the shim or directly in the same environment ([`Tf`]), and readers of state, logs and
 //! /proc. See tests/shim_survival.rs for how the shim tests are set up.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use crate::common::launch::{self, As, Config, Launch, Out};
+pub use crate::common::Captured;
 pub use crate::common::Shape;
 use crate::common::{self, wait_for, TempDir};
 /// Deadline for anything that runs real terraform (2 cores, other builds running).
@@ -25,37 +25,6 @@ pub const LONG: Duration = Duration::from_secs(180);
 pub const SHORT: Duration = Duration::from_secs(20);
 
 // ----- harness -----
-
-/// Bytes a reader thread collects from a pipe while the process runs.
-#[derive(Clone, Default)]
-pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    pub fn collect(mut from: impl Read + Send + 'static) -> (Captured, JoinHandle<()>) {
-        let c = Captured::default();
-        let sink = c.clone();
-        let h = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 1 << 16];
-            loop {
-                match from.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => sink.0.lock().unwrap().extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                }
-            }
-        });
-        (c, h)
-    }
-
-    pub fn bytes(&self) -> Vec<u8> {
-        self.0.lock().unwrap().clone()
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 /// A process started with its stdout and stderr collected as they come.
 pub struct Running {

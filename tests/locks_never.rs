@@ -15,7 +15,7 @@ mod common;
 mod s3_pods;
 
 use common::pods::{
-    apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms, Pod,
+    self, apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms, Pod,
     PodSpec, RETRY, STEP,
 };
 use common::{deps, wait_for};
@@ -220,6 +220,150 @@ fn a_pod_starting_during_a_live_pods_apply_never_unlocks_it_and_succeeds_after()
     assert!(
         !log.contains("checking the state lock"),
         "pod-a's record was never taken for dead: {log}"
+    );
+    assert!(w.records().is_empty());
+    w.assert_state_consistent();
+}
+
+/// Issue 18, finding 1: liveness once compared another node's wall-clock stamp with ours, so a
+/// live pod whose clock was behind by more than the TTL looked dead, and `tfinit recover` released
+/// its lock. Now only a change of its heartbeat, watched on our own clock, counts: pod-b (its
+/// clock 31 s behind, ten TTLs) beats, so its lock is left alone. Negative case: once pod-b is
+/// gone and its heartbeat stops changing, the same command releases the lock after a TTL.
+#[test]
+fn a_live_owner_whose_clock_is_far_behind_is_never_taken_for_dead() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-skew");
+    // pod-b's terraform holds the lock (its Who: root@pod-b), alive for the whole test.
+    let mut holder = common::unshare();
+    holder
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
+        .args(["sh", "-c", "hostname pod-b && exec \"$0\" \"$@\""])
+        .arg(deps().join("bin/terraform"))
+        .args(["apply", "-auto-approve", "-input=false", "-no-color"])
+        .current_dir(&w.ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/root")
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TF_VAR_sleep", "120")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut holder = Pod {
+        child: holder.spawn().unwrap(),
+        log: w.tmp.join("pod-b.log"),
+    };
+    let lock = wait_for(STEP, "pod-b's lock", || w.moto.lock(STATE));
+    assert_eq!(lock["Who"], "root@pod-b");
+    // Its record and heartbeat, stamped by a clock 31 s behind ours.
+    const SKEW: u64 = 31_000;
+    let owner =
+        json!({"name": "pod-b", "boot_id": "0", "started_ms": now_ms() - SKEW - 5_000, "pid": 1});
+    w.plant_record(
+        "pod-b.0-1-1.r1.json",
+        &json!({
+            "v": 1, "owner": owner, "who": "root@pod-b", "run_id": "r1", "cwd": w.ws,
+            "workdir": w.ws, "workspace": "default", "subcommand": "apply",
+            "argv": ["apply", "-auto-approve"], "started_ms": now_ms() - SKEW - 2_000,
+            "in_progress": [], "updated_ms": now_ms() - SKEW - 2_000,
+        }),
+    );
+    let beating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let beats = {
+        let beating = beating.clone();
+        let dir = w.state.join("owners");
+        fs::create_dir_all(&dir).unwrap();
+        pods::chown(&w.state, NOBODY_UID);
+        std::thread::spawn(move || {
+            while beating.load(std::sync::atomic::Ordering::SeqCst) {
+                let hb = json!({"v": 1, "owner": owner, "updated_ms": now_ms() - SKEW});
+                let tmp = dir.join(".pod-b.json.tmp.test");
+                fs::write(&tmp, hb.to_string()).unwrap();
+                fs::rename(&tmp, dir.join("pod-b.json")).unwrap();
+                std::thread::sleep(TTL / 3);
+            }
+        })
+    };
+    let out = recover_by_hand(&w, &[]);
+    assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
+    assert!(out.contains("owner alive): left alone"), "{out}");
+    assert!(!out.contains("force-unlocked"), "{out}");
+
+    // Negative case: pod-b dies, its heartbeat stops; watched unchanged for a TTL, it is dead.
+    beating.store(false, std::sync::atomic::Ordering::SeqCst);
+    beats.join().unwrap();
+    holder.kill();
+    let out = recover_by_hand(&w, &[]);
+    assert!(
+        out.contains(&format!(
+            "force-unlocked lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{out}"
+    );
+    assert_eq!(w.moto.lock(STATE), None, "{out}");
+}
+
+/// Issue 18, finding 3: two live inits with one owner name (a hostNetwork pod, a fixed
+/// TFINIT_OWNER) once shared one heartbeat file, and each took the other's live run for an earlier
+/// incarnation of itself. Now each incarnation has its own heartbeat: the second, on another node
+/// (so it must watch), sees the first's beats change, says so once, and never unlocks its lock.
+#[test]
+fn two_live_inits_with_one_owner_name_never_unlock_each_others_locks() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-twins");
+    let a_out = w.tmp.join("twin-1.out");
+    let mut first = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_once(&a_out, ""),
+            env: vec![("TF_VAR_sleep", (2 * TTL.as_secs()).to_string())],
+        },
+    );
+    let lock = wait_for(STEP, "the first twin's lock", || w.moto.lock(STATE));
+    assert_eq!(lock["Who"], "root@pod-a");
+    let b_out = w.tmp.join("twin-2.out");
+    let mut second = Pod::start_on_other_node(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_until_success(&b_out, 30),
+            env: vec![("TF_VAR_sleep", "0".into())],
+        },
+        "00000000-0000-4000-8000-0000000000a2",
+    );
+    assert!(first.wait().success(), "{}", first.log());
+    assert!(
+        common::read(&a_out.with_extension("out.1")).contains("Apply complete!"),
+        "the first twin's apply was never cut short: {}",
+        common::read(&a_out.with_extension("out.1"))
+    );
+    assert!(second.wait().success(), "{}", second.log());
+    let log = second.log();
+    assert!(!log.contains("force-unlocked"), "{log}");
+    assert!(
+        log.contains("another tfinit is using owner name pod-a"),
+        "the second twin saw the first's beats change and said so: {log}"
+    );
+    assert_eq!(
+        log.matches("another tfinit is using owner name").count(),
+        1,
+        "once: {log}"
+    );
+    assert!(
+        first
+            .log()
+            .contains("another tfinit is using owner name pod-a"),
+        "{}",
+        first.log()
     );
     assert!(w.records().is_empty());
     w.assert_state_consistent();

@@ -31,7 +31,7 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), false);
 
     // The record names the run exactly as terraform's lock will, and holds no secret.
-    assert_eq!(rec["v"], 1);
+    assert_eq!(rec["v"], 2);
     assert_eq!(rec["who"], "@pod-a", "uid {NOBODY_UID} has no passwd entry");
     assert_eq!(rec["owner"]["name"], "pod-a");
     assert_eq!(rec["subcommand"], "apply");
@@ -66,9 +66,11 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     assert_eq!(w.records().len(), 1, "the record survives the pod");
     let hb = heartbeat_ms(&w.state, "pod-a");
 
-    // pod-b, same workspace path, reconciles by itself.
+    // pod-b, same workspace path, on another node, reconciles by itself: it watches pod-a's
+    // heartbeat for a TTL on its own clock (no kernel proof reaches across nodes).
     let out = w.tmp.join("pod-b.out");
-    let mut pod_b = Pod::start(
+    let b_started = now_ms();
+    let mut pod_b = Pod::start_on_other_node(
         &w,
         PodSpec {
             name: "pod-b",
@@ -76,6 +78,7 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
             script: apply_until_success(&out, 30),
             env: vec![("TF_VAR_sleep", "0".into())],
         },
+        "00000000-0000-4000-8000-00000000000b",
     );
     let st = pod_b.wait();
     let log = pod_b.log();
@@ -83,15 +86,14 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     let tries = attempts(&out);
     let ok = tries.last().unwrap();
     assert!(ok.ok);
-    // Nothing was released while pod-a's heartbeat was younger than the TTL.
-    for t in &tries {
-        if t.start < hb + TTL.as_millis() as u64 {
-            assert!(
-                !t.ok,
-                "attempt {} succeeded before pod-a was dead: {tries:?}",
-                t.n
-            );
-        }
+    // Nothing was released before pod-b had watched pod-a's heartbeat for a TTL (its first
+    // attempt waits in `recovering` meanwhile), nor while pod-a's heartbeat was younger.
+    for t in tries.iter().filter(|t| t.ok) {
+        assert!(
+            t.end >= b_started + TTL.as_millis() as u64 && t.end >= hb + TTL.as_millis() as u64,
+            "attempt {} succeeded before pod-b could know pod-a dead: {tries:?}",
+            t.n
+        );
     }
     // Released within the TTL plus one retry (plus the failed attempt that waited for it).
     let longest_fail = tries
@@ -109,6 +111,11 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     );
     assert!(log.contains("force-unlocked its state lock"), "{log}");
     assert!(log.contains(lock["ID"].as_str().unwrap()), "{log}");
+    assert!(
+        log.contains("to tell whether owner pod-a")
+            && log.contains("its owner's heartbeat did not change in"),
+        "pod-b watched pod-a's heartbeat for a TTL before it called it dead: {log}"
+    );
     assert!(w.records().is_empty(), "record removed: {:?}", w.records());
     w.assert_state_consistent();
 }
@@ -143,7 +150,10 @@ fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_ca
     let st = again.wait();
     let log = again.log();
     assert!(st.success(), "the first attempt succeeds: {log}");
-    assert!(log.contains("earlier incarnation of this owner"), "{log}");
+    assert!(
+        log.contains("the kernel freed the lock file they all held"),
+        "{log}"
+    );
     assert!(
         log.contains(&format!(
             "force-unlocked its state lock {}",

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use common::pods::{now_ms, walk, Place, Pod, PodSpec, NOBODY_UID, STEP};
+use common::pods::{heartbeat_file, now_ms, walk, Place, Pod, PodSpec, NOBODY_UID, STEP};
 use common::{tfinit, wait_for};
 
 /// The pods' TFINIT_OWNER_TTL.
@@ -156,7 +156,7 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
     let first = snapshot(&w, 1);
     assert_eq!(first.len(), 1, "{first:?}");
     let r = &first[0];
-    assert_eq!(r["v"], 1);
+    assert_eq!(r["v"], 2);
     assert_eq!(r["owner"]["name"], "pod-r");
     assert_eq!(r["owner"]["boot_id"], boot.trim());
     assert_eq!(r["owner"]["pid"], 1);
@@ -399,14 +399,15 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     }
     let w = World::new("rec-heartbeat", "exit 0");
     let mut pod = w.pod("pod-r", None, "sleep 4", &[]);
-    let hb_file = w.state.join("owners/pod-r.json");
     let read = || -> Option<(u64, Value, SystemTime)> {
+        let hb_file = heartbeat_file(&w.state, "pod-r")?;
         let v: Value = serde_json::from_slice(&fs::read(&hb_file).ok()?).ok()?;
         let mtime = fs::metadata(&hb_file).ok()?.modified().ok()?;
         Some((v["updated_ms"].as_u64()?, v, mtime))
     };
     let (first, hb, first_mtime) = wait_for(STEP, "the first heartbeat", read);
-    assert_eq!(hb["v"], 1);
+    assert_eq!(hb["v"], 2);
+    let mut seq = hb["seq"].as_u64().expect("a sequence number");
     assert_eq!(hb["owner"]["name"], "pod-r");
     let bound = TTL.as_millis() as u64 / 3 + 1000;
     let mut beats = vec![first];
@@ -429,6 +430,12 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
                     ms > *beats.last().unwrap(),
                     "beats go forward: {beats:?} then {ms}"
                 );
+                let next = v["seq"].as_u64().expect("a sequence number");
+                assert!(
+                    next > seq,
+                    "each beat has a new sequence number: {seq} then {next}"
+                );
+                seq = next;
                 beats.push(ms);
             }
         }
@@ -501,7 +508,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
         "argv": ["apply"], "started_ms": 2, "updated_ms": 2,
     })
     .to_string();
-    let future = json!({"v": 2, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
+    let future = json!({"v": 3, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
         .to_string();
     let files: [(&str, &[u8]); 4] = [
         ("truncated.json", &good.as_bytes()[..good.len() / 2]),

@@ -184,7 +184,9 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         );
         return 1;
     }
-    let me = recover::current_owner(&store, &cfg.owner, cfg.owner_ttl);
+    // A new incarnation of our name: it has no record, so every record is judged by what this
+    // command sees (the live init's records are watched alive like any other owner's).
+    let me = crate::locks::record::Owner::current(&cfg.owner, None);
     let recovery = Recovery {
         store: Box::new(store),
         me,
@@ -193,6 +195,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         dry_run,
         live: Vec::new(),
         automatic: false,
+        seen: Vec::new(),
     };
     let results = match recovery.run(None) {
         Ok(r) => r,
@@ -299,6 +302,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
     let mut owner = None;
     let mut ttl_ms = None;
     let mut live = Vec::new();
+    let mut seen = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().cloned();
@@ -312,6 +316,11 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             Some("--ttl-ms") => ttl_ms = v.and_then(|s| s.to_string_lossy().parse::<u64>().ok()),
             Some("--live-json") => {
                 live = v
+                    .and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
+                    .unwrap_or_default()
+            }
+            Some("--seen-json") => {
+                seen = v
                     .and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
                     .unwrap_or_default()
             }
@@ -332,6 +341,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
         dry_run: false,
         live,
         automatic: true,
+        seen,
     };
     let results = match recovery.run(Some(std::path::Path::new(&workdir))) {
         Ok(r) => r,

@@ -11,7 +11,7 @@ use super::runs::{Job, Life, Pipes, Run, Stop};
 use super::shutdown::Phase;
 use super::spawn::{self, StartError};
 use super::state::{Init, PidOwner};
-use crate::locks::book::Start;
+use crate::locks::book::{FenceStage, Start};
 use crate::locks::follower::Follower;
 use crate::locks::record::{self, Record};
 use crate::locks::recorder::Request;
@@ -83,8 +83,14 @@ impl Init {
             // Whether a dead run's record is here is known once the recorder has read the store.
             return self.await_records(id, job, req, stdin, deadline);
         }
+        if self.recovering_in(&job.workdir) {
+            // One recovery at a time per directory, and nothing launches there while it runs:
+            // it decided with the live runs it was given. This run checks again after it.
+            tracing::info!(run = %job.id, workdir = %job.workdir.display(), "a lock recovery runs in this directory: this run waits for it");
+            return self.await_records(id, job, req, stdin, deadline);
+        }
         // The book answers from memory (the recorder's last scan): no storage call here.
-        if !self.book.needs_recovery(&job.workdir, record::now_ms()) {
+        if !self.book.needs_recovery(&job.workdir, Instant::now()) {
             return self.record_step(id, job, req, stdin, Some(deadline));
         }
         if !self.book.may_recover(&job.workdir) {
@@ -96,10 +102,15 @@ impl Init {
             owner: self.book.owner(),
             ttl: self.cfg.owner_ttl,
             live: self.book.live_runs(),
+            seen: self.book.observations(crate::locks::liveness::monotonic_ns),
         };
         match spawn::recovery(&req, &recovery, &job.workdir) {
             Ok(helper) => {
-                tracing::info!(run = %job.id, workdir = %job.workdir.display(), helper = helper.as_raw(), "a dead owner's lock-owner record is here: checking the state lock before terraform starts");
+                if self.book.only_watching(&job.workdir, Instant::now()) {
+                    tracing::info!(run = %job.id, workdir = %job.workdir.display(), helper = helper.as_raw(), "a lock-owner record of an owner this pod has not watched for TFINIT_OWNER_TTL yet is here: its heartbeat is watched before terraform starts (alive at its next beat, dead after a TTL of none)");
+                } else {
+                    tracing::info!(run = %job.id, workdir = %job.workdir.display(), helper = helper.as_raw(), "a dead owner's lock-owner record is here: checking the state lock before terraform starts");
+                }
                 self.pids.insert(helper, PidOwner::Recovery(id));
                 let life = Life::Recovering {
                     helper,
@@ -299,7 +310,18 @@ impl Init {
     /// Starts terraform for a run (after any recovery): the run then exists as Running, or is
     /// answered with why it could not start.
     fn launch(&mut self, id: u64, job: Job, req: RunRequest, stdin: Option<OwnedFd>) {
-        match spawn::terraform(&req, stdin) {
+        let recorded = self.book.record(&job.id).is_some_and(|r| r.may_exist());
+        if recorded && self.book.fence_stage() != FenceStage::Clear {
+            // Its record is on the volume but the heartbeat is not: it would be stopped at once.
+            let why = "unable to keep this owner's heartbeat on the state volume (its runs with records are being stopped)";
+            tracing::warn!(run = %job.id, "terraform run refused before it started: {why}");
+            self.forget_record(&job.id);
+            if let Some(c) = job.conn {
+                self.reply_refused(c, Some(job.id), why);
+            }
+            return;
+        }
+        match spawn::terraform(&req, stdin, self.incarnation_lock.as_deref()) {
             Ok(started) => {
                 tracing::info!(
                     run = %job.id, pid = started.pid.as_raw(), cwd = %job.cwd.display(), subcommand = %job.invocation.subcommand,

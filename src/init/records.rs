@@ -9,7 +9,7 @@ use super::runs::Life;
 use super::state::Init;
 use crate::config::InitConfig;
 use crate::locks::book::{Book, Event};
-use crate::locks::record::{now_ms, Owner};
+use crate::locks::record::Owner;
 use crate::locks::recorder::{Completion, Recorder, Request};
 use crate::locks::store::FileStore;
 
@@ -24,9 +24,12 @@ impl Init {
             return;
         };
         let done = recorder.take_completions();
-        let (now, ms) = (Instant::now(), now_ms());
+        let now = Instant::now();
         for c in done {
-            let events = self.book.on_completion(c, now, ms);
+            if let Completion::Opened { lock: Some(l), .. } = &c {
+                self.incarnation_lock = Some(l.clone());
+            }
+            let events = self.book.on_completion(c, now);
             self.apply(events);
         }
     }
@@ -38,11 +41,14 @@ impl Init {
         self.on_recorder();
         let events = self.book.tick(now);
         self.apply(events);
-        // Runs that waited too long for this init's own end-markings go on without a recovery.
+        // Runs that waited too long for this init's own end-markings go on without a recovery;
+        // never while a recovery runs in their directory (it may be about to release a lock
+        // there, and it decided with the runs it was given).
         let expired: Vec<u64> = self
             .runs
             .iter()
             .filter(|(_, r)| matches!(r.life, Life::AwaitingRecords { deadline, .. } if deadline <= now))
+            .filter(|(_, r)| !self.recovering_in(&r.job.workdir))
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
@@ -69,6 +75,7 @@ impl Init {
                         self.record_settled(id);
                     }
                 }
+                Event::Fence { runs, kill } => self.fence(&runs, kill),
             }
         }
         self.resume_awaiting();
@@ -86,15 +93,30 @@ impl Init {
         tracing::error!("the lock-owner recorder thread is gone: tfinit goes on without lock-owner records (state-locking runs start without one); restart the pod to get them back");
         self.recorder = None;
         let events = self.book.on_completion(
-            Completion::Opened {
-                result: Err("the recorder thread is gone".into()),
-                table: None,
-                passwd_user: None,
-            },
+            Completion::not_usable("the recorder thread is gone".into()),
             Instant::now(),
-            now_ms(),
         );
         self.apply(events);
+    }
+
+    /// The heartbeat has not landed for long: this owner's runs with records are stopped before
+    /// any other pod may call it dead and release their locks (`locks::liveness::Fence`).
+    fn fence(&mut self, runs: &[String], kill: bool) {
+        self.book.fence_notice(runs, kill, Instant::now()).log();
+        for id in runs.iter().filter_map(|r| run_key(r)) {
+            if kill {
+                self.kill_run(id, "the heartbeat did not land (fence)");
+            } else {
+                self.request_stop(id, "the heartbeat did not land (fence)");
+            }
+        }
+    }
+
+    /// Whether a lock recovery helper runs in `workdir` now: nothing launches there meanwhile.
+    pub(super) fn recovering_in(&self, workdir: &std::path::Path) -> bool {
+        self.runs
+            .values()
+            .any(|r| matches!(r.life, Life::Recovering { .. }) && r.job.workdir == workdir)
     }
 
     /// Runs that waited for this init's end-markings in their directory go on once those are on
@@ -107,6 +129,7 @@ impl Init {
                 matches!(r.life, Life::AwaitingRecords { .. })
                     && !self.book.opening()
                     && self.book.may_recover(&r.job.workdir)
+                    && !self.recovering_in(&r.job.workdir)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -134,9 +157,9 @@ impl Init {
             .map_or(EXIT_WAIT, |(d, _)| d.saturating_duration_since(now));
         let wait = left.min(EXIT_WAIT);
         let (done, all) = recorder.wait_idle(now + wait);
-        let (now, ms) = (Instant::now(), now_ms());
+        let now = Instant::now();
         for c in done {
-            for e in self.book.on_completion(c, now, ms) {
+            for e in self.book.on_completion(c, now) {
                 if let Event::Log(notice) = e {
                     notice.log();
                 }
@@ -169,12 +192,8 @@ pub fn start(cfg: &InitConfig) -> (Option<Recorder>, Book) {
     match Recorder::start(Box::new(FileStore::new(&cfg.state_dir)), me, cfg.owner_ttl) {
         Ok(r) => (Some(r), book),
         Err(e) => {
-            let failed = Completion::Opened {
-                result: Err(format!("cannot start the recorder thread: {e}")),
-                table: None,
-                passwd_user: None,
-            };
-            for ev in book.on_completion(failed, now, now_ms()) {
+            let failed = Completion::not_usable(format!("cannot start the recorder thread: {e}"));
+            for ev in book.on_completion(failed, now) {
                 if let Event::Log(n) = ev {
                     n.log();
                 }

@@ -115,8 +115,19 @@ fn output_pipe() -> Result<(OwnedFd, OwnedFd), StartError> {
 
 /// Starts the real terraform for a shim's request, in its own process group, with the shim's
 /// argv[0], arguments, working directory and environment. `stdin` is the shim's stdin, passed
-/// over the socket; None means /dev/null.
-pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> Result<Started, StartError> {
+/// over the socket; None means /dev/null. `lock` is the incarnation's lock file: terraform (and
+/// every process it starts) inherits it, so the kernel frees its flock only when they are all gone.
+pub fn terraform(
+    req: &RunRequest,
+    stdin: Option<OwnedFd>,
+    lock: Option<&OwnedFd>,
+) -> Result<Started, StartError> {
+    // A duplicate without close-on-exec, only for this spawn (only this thread forks: the
+    // recorder thread never does), closed again below.
+    let inherited = match lock {
+        Some(fd) => Some(nix::unistd::dup(fd).map_err(|e| StartError::Spawn(e.into()))?),
+        None => None,
+    };
     let (out_read, out_write) = output_pipe()?;
     let (err_read, err_write) = output_pipe()?;
     let mut cmd = Command::new(&req.program);
@@ -137,6 +148,7 @@ pub fn terraform(req: &RunRequest, stdin: Option<OwnedFd>) -> Result<Started, St
     // Our copies of the write ends close with `cmd` here: terraform (and what it passes them
     // to) then holds the only ones, so end of file means they are all gone.
     drop(cmd);
+    drop(inherited);
     Ok(Started {
         pid: Pid::from_raw(child.id() as i32),
         stdout: out_read,
@@ -155,6 +167,8 @@ pub struct RecoveryArgs<'a> {
     pub ttl: std::time::Duration,
     /// The init's live state-locking runs, recorded or not: a lock with one's Who is left alone.
     pub live: Vec<LiveRun>,
+    /// What the init has seen of other incarnations' heartbeats (CLOCK_MONOTONIC times).
+    pub seen: Vec<crate::locks::liveness::Seen>,
 }
 
 /// Starts the lock-recovery helper for `workdir` (this binary, hidden subcommand), with the run's
@@ -162,6 +176,7 @@ pub struct RecoveryArgs<'a> {
 pub fn recovery(req: &RunRequest, args: &RecoveryArgs, workdir: &Path) -> io::Result<Pid> {
     let owner_json = serde_json::to_string(args.owner).map_err(io::Error::other)?;
     let live_json = serde_json::to_string(&args.live).map_err(io::Error::other)?;
+    let seen_json = serde_json::to_string(&args.seen).map_err(io::Error::other)?;
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("tfinit");
     cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
@@ -177,6 +192,8 @@ pub fn recovery(req: &RunRequest, args: &RecoveryArgs, workdir: &Path) -> io::Re
         .arg(args.ttl.as_millis().to_string())
         .arg("--live-json")
         .arg(live_json)
+        .arg("--seen-json")
+        .arg(seen_json)
         .current_dir(&req.cwd)
         .env_clear()
         .stdin(Stdio::null())

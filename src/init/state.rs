@@ -70,6 +70,9 @@ pub struct Init {
     pub next_run: u64,
     /// The recorder thread (all storage work), while it runs.
     pub recorder: Option<Recorder>,
+    /// This incarnation's lock file, flocked, which every terraform run inherits (the kernel
+    /// frees it once the init and every run are gone: the proof a container restart uses).
+    pub incarnation_lock: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// What the loop knows about lock-owner records, in memory.
     pub book: Book,
     /// Read buffer for terraform's output.
@@ -123,6 +126,7 @@ impl Init {
             next_id: 1,
             next_run: 1,
             recorder,
+            incarnation_lock: None,
             book,
             scratch: vec![0u8; protocol::MAX_DATA],
         })

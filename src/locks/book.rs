@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::liveness::{Fence, Observer, Seen, Verdict};
 use super::record::{Ended, Owner};
 use super::recorder::{Completion, Entry, Request, RunId, Table, NO_RECORD};
-use super::Facts;
+use super::{Facts, RunState};
 
 /// How often "state volume is not answering" is repeated while it lasts.
 pub const NOT_ANSWERING_EVERY: Duration = Duration::from_secs(60);
@@ -64,7 +65,7 @@ pub enum RecordStatus {
 
 impl RecordStatus {
     /// Whether a record of this run is, or may soon be, on the volume.
-    fn may_exist(&self) -> bool {
+    pub fn may_exist(&self) -> bool {
         matches!(
             self,
             RecordStatus::Pending { .. } | RecordStatus::Abandoned | RecordStatus::Written { .. }
@@ -100,6 +101,25 @@ pub enum Event {
     },
     /// Send this to the recorder.
     Send(Request),
+    /// This owner's heartbeat has not landed for long: stop its runs with records before any
+    /// observer may call it dead (locks::liveness::Fence).
+    Fence {
+        /// The runs whose record is, or may soon be, on the volume.
+        runs: Vec<RunId>,
+        /// false: their one graceful SIGTERM; true: SIGKILL of what is left.
+        kill: bool,
+    },
+}
+
+/// How far this owner has gone in stopping its recorded runs for want of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceStage {
+    /// The heartbeat is on time.
+    Clear,
+    /// Recorded runs got their graceful SIGTERM; new ones are refused.
+    Stopping,
+    /// Recorded runs were SIGKILLed; new ones are refused.
+    Killing,
 }
 
 /// A live state-locking run, as the recovery helper counts it.
@@ -220,6 +240,26 @@ pub enum Notice {
         /// Why.
         error: String,
     },
+    /// Another live incarnation writes heartbeats under our owner name (once).
+    SharedName {
+        /// The name.
+        owner: String,
+        /// The other incarnation.
+        other: String,
+        /// Ours.
+        me: String,
+    },
+    /// Recorded runs are stopped because the heartbeat has not landed.
+    Fenced {
+        /// The runs.
+        runs: Vec<RunId>,
+        /// SIGKILL (else the graceful SIGTERM).
+        kill: bool,
+        /// Age of the last heartbeat that landed.
+        age: Duration,
+        /// TFINIT_OWNER_TTL.
+        ttl: Duration,
+    },
 }
 
 impl Notice {
@@ -231,7 +271,7 @@ impl Notice {
             | Notice::DeadRecords { .. }
             | Notice::AnswersAgain { .. }
             | Notice::HeartbeatAgain { .. } => Level::INFO,
-            Notice::HeartbeatStale { .. } => Level::ERROR,
+            Notice::HeartbeatStale { .. } | Notice::Fenced { .. } => Level::ERROR,
             _ => Level::WARN,
         }
     }
@@ -296,6 +336,20 @@ impl Notice {
             Notice::RemoveFailed { run, error } => {
                 format!("run {run}: cannot remove the lock-owner record ({error})")
             }
+            Notice::SharedName { owner, other, me } => format!(
+                "another tfinit is using owner name {owner} (incarnation {other}; this one is {me}) with the same \
+                 TFINIT_STATE_DIR: each judges only its own records, so neither releases the other's locks, but give \
+                 each pod its own TFINIT_OWNER (the default, the hostname, is unique per pod unless hostNetwork is set)"
+            ),
+            Notice::Fenced { runs, kill, age, ttl } => format!(
+                "the heartbeat has not landed in TFINIT_STATE_DIR for {} (TFINIT_OWNER_TTL {}): other pods may take this \
+                 owner for dead and release the locks its records name, so its runs with records {}: {}. New state-locking \
+                 runs are refused until a heartbeat lands; check the volume, or raise TFINIT_OWNER_TTL if it stalls this long",
+                secs(age),
+                crate::config::fmt_duration(*ttl),
+                if *kill { "are SIGKILLed now" } else { "are asked to stop gracefully (one SIGTERM)" },
+                runs.join(", ")
+            ),
         }
     }
 
@@ -351,6 +405,13 @@ pub struct Book {
     /// When the last successful heartbeat was stamped.
     heartbeat_ok: Option<Instant>,
     stale_reported: bool,
+    /// What this incarnation has seen of other incarnations' heartbeats.
+    observer: Observer,
+    /// Incarnations the kernel proves gone, as of the last table.
+    gone: Vec<String>,
+    /// Another live incarnation of our name was reported.
+    shared_reported: bool,
+    fence: FenceStage,
     runs: HashMap<RunId, Run>,
     closing: HashMap<RunId, Closing>,
 }
@@ -380,6 +441,10 @@ impl Book {
             recovered: HashMap::new(),
             heartbeat_ok: None,
             stale_reported: false,
+            observer: Observer::new(ttl),
+            gone: Vec::new(),
+            shared_reported: false,
+            fence: FenceStage::Clear,
             runs: HashMap::new(),
             closing: HashMap::new(),
         }
@@ -441,16 +506,32 @@ impl Book {
                 });
                 (Start::Unrecorded(notice), RecordStatus::Unrecorded)
             }
-            StoreState::Open if self.heartbeat_stale(now) => (
+            StoreState::Open if self.heartbeat_stale(now) || self.fence != FenceStage::Clear => (
                 Start::Unrecorded(Some(Notice::HeartbeatStaleRun {
                     run: run.to_string(),
                 })),
                 RecordStatus::Unrecorded,
             ),
-            StoreState::Open | StoreState::Opening { .. } => (
+            StoreState::Open => (
                 Start::Record { deadline },
                 RecordStatus::Pending { deadline },
             ),
+            // Its run waited TFINIT_RECORD_TIMEOUT for the store to open and gave up: no create
+            // is sent before the store is open, so that every run with a record is started after
+            // the loop holds the incarnation's lock file (and inherits it). Until a write
+            // succeeds, the store does not answer.
+            StoreState::Opening { .. } => {
+                self.state = StoreState::NotAnswering {
+                    since: now,
+                    last_warned: now,
+                };
+                let notice = Notice::RecordTimeout {
+                    run: run.to_string(),
+                    dir: self.dir.clone(),
+                    timeout: self.record_timeout,
+                };
+                (Start::Unrecorded(Some(notice)), RecordStatus::Unrecorded)
+            }
         };
         self.runs.insert(
             run.to_string(),
@@ -510,24 +591,28 @@ impl Book {
         })
     }
 
-    /// Takes in what the recorder did, at `now` (wall clock `now_ms`, ms since the epoch).
-    pub fn on_completion(&mut self, c: Completion, now: Instant, now_ms: u64) -> Vec<Event> {
+    /// Takes in what the recorder did, at `now`.
+    pub fn on_completion(&mut self, c: Completion, now: Instant) -> Vec<Event> {
         let mut ev = Vec::new();
         match c {
             Completion::Opened {
                 result: Ok(()),
                 table,
                 passwd_user,
+                beat,
+                ..
             } => {
                 self.passwd_user = passwd_user;
-                self.table = table;
-                self.heartbeat_ok = Some(now);
+                if let Some(t) = table {
+                    self.take_table(t, &mut ev);
+                }
+                self.heartbeat_ok = beat;
                 ev.push(Event::Log(Notice::Enabled {
                     dir: self.dir.clone(),
                     owner: self.me.name.clone(),
                     incarnation: self.me.incarnation(),
                 }));
-                let dead = self.dead_records(now_ms);
+                let dead = self.dead_records(now);
                 if dead > 0 {
                     ev.push(Event::Log(Notice::DeadRecords {
                         count: dead,
@@ -568,6 +653,9 @@ impl Book {
             } => {
                 if result.is_ok() {
                     self.heartbeat_ok = Some(self.heartbeat_ok.map_or(stamped, |t| t.max(stamped)));
+                    if now < Fence::after(stamped, self.ttl).stop_at {
+                        self.fence = FenceStage::Clear;
+                    }
                     // A write that hung lands with an old stamp (other pods read that time in
                     // the file): still stale, and said once; the next, fresh one ends it.
                     let fresh = now.saturating_duration_since(stamped) <= self.ttl / 2;
@@ -665,10 +753,37 @@ impl Book {
             Completion::Table(t) => {
                 self.own.retain(|_, (at, _)| *at > t.scanned);
                 self.recovered.retain(|_, at| *at > t.scanned);
-                self.table = Some(t);
+                self.take_table(t, &mut ev);
             }
         }
         ev
+    }
+
+    /// Takes in a scan: the records, and what it read of each incarnation's heartbeat.
+    fn take_table(&mut self, t: Table, ev: &mut Vec<Event>) {
+        for b in &t.beats {
+            let token = b.heartbeat.as_ref().map(|h| h.token());
+            self.observer.saw(&b.owner.key(), token, b.started, b.done);
+        }
+        let keys: Vec<String> = t.beats.iter().map(|b| b.owner.key()).collect();
+        self.observer.retain(|k| keys.iter().any(|x| x == k));
+        if !self.shared_reported {
+            let twin = t.beats.iter().find(|b| {
+                b.owner.name == self.me.name
+                    && !b.owner.same_incarnation(&self.me)
+                    && self.observer.verdict(&b.owner.key(), t.scanned) == Verdict::Alive
+            });
+            if let Some(b) = twin {
+                self.shared_reported = true;
+                ev.push(Event::Log(Notice::SharedName {
+                    owner: self.me.name.clone(),
+                    other: b.owner.incarnation(),
+                    me: self.me.incarnation(),
+                }));
+            }
+        }
+        self.gone.clone_from(&t.gone);
+        self.table = Some(t);
     }
 
     /// A write succeeded: the volume answers.
@@ -714,7 +829,10 @@ impl Book {
                 recorded: false,
             });
         }
-        if !self.stale_reported && self.heartbeat_stale(now) {
+        if let Some(f) = self.fence_due(now) {
+            ev.push(f);
+        }
+        if !self.stale_reported && self.heartbeat_stale(now) && self.has_records() {
             self.stale_reported = true;
             ev.push(Event::Log(Notice::HeartbeatStale {
                 dir: self.dir.clone(),
@@ -723,6 +841,53 @@ impl Book {
             }));
         }
         ev
+    }
+
+    /// The fence's next step at `now`, if one is due: recorded runs are stopped before any
+    /// observer may call this owner dead (see [`Fence`]).
+    fn fence_due(&mut self, now: Instant) -> Option<Event> {
+        let f = Fence::after(self.heartbeat_ok?, self.ttl);
+        let kill = match self.fence {
+            FenceStage::Clear if now >= f.kill_at => true,
+            FenceStage::Clear if now >= f.stop_at => false,
+            FenceStage::Stopping if now >= f.kill_at => true,
+            _ => return None,
+        };
+        let mut runs = self.recorded_runs();
+        if runs.is_empty() {
+            return None;
+        }
+        runs.sort();
+        self.fence = if kill {
+            FenceStage::Killing
+        } else {
+            FenceStage::Stopping
+        };
+        Some(Event::Fence { runs, kill })
+    }
+
+    /// The runs whose record is, or may soon be, on the volume.
+    fn recorded_runs(&self) -> Vec<RunId> {
+        self.runs
+            .iter()
+            .filter(|(_, r)| r.record.may_exist())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// How far the fence has gone: a run with a record may start only while it is `Clear`.
+    pub fn fence_stage(&self) -> FenceStage {
+        self.fence
+    }
+
+    /// The log line for a fence event.
+    pub fn fence_notice(&self, runs: &[RunId], kill: bool, now: Instant) -> Notice {
+        Notice::Fenced {
+            runs: runs.to_vec(),
+            kill,
+            age: self.heartbeat_age(now).unwrap_or_default(),
+            ttl: self.ttl,
+        }
     }
 
     /// When [`Book::tick`] has work next.
@@ -735,7 +900,18 @@ impl Book {
             .heartbeat_ok
             .filter(|_| !self.stale_reported && self.has_records())
             .map(|t| t + self.ttl / 2 + Duration::from_millis(1));
-        deadlines.chain(stale).min()
+        let fence = self
+            .heartbeat_ok
+            .filter(|_| self.has_records())
+            .and_then(|b| {
+                let f = Fence::after(b, self.ttl);
+                match self.fence {
+                    FenceStage::Clear => Some(f.stop_at),
+                    FenceStage::Stopping => Some(f.kill_at),
+                    FenceStage::Killing => None,
+                }
+            });
+        deadlines.chain(stale).chain(fence).min()
     }
 
     /// Whether this incarnation has (or may soon have) a record of a live run on the volume.
@@ -748,14 +924,14 @@ impl Book {
         self.heartbeat_ok.map(|t| now.saturating_duration_since(t))
     }
 
-    /// Whether the last successful heartbeat is older than TTL/2 while records of ours are on the
-    /// volume: other pods may soon take this owner for dead.
+    /// Whether the last successful heartbeat is older than TTL/2: other pods may soon take this
+    /// owner for dead, so no record should be written under it (whether or not records of ours
+    /// are on the volume now).
     pub fn heartbeat_stale(&self, now: Instant) -> bool {
         matches!(
             self.state,
             StoreState::Open | StoreState::NotAnswering { .. }
-        ) && self.has_records()
-            && self.heartbeat_age(now).is_some_and(|a| a > self.ttl / 2)
+        ) && self.heartbeat_age(now).is_some_and(|a| a > self.ttl / 2)
     }
 
     /// The records part of `tfinit status`.
@@ -791,30 +967,41 @@ impl Book {
         table.chain(own)
     }
 
-    fn dead(&self, e: &Entry, now_ms: u64) -> bool {
-        let hb = self
-            .table
-            .as_ref()
-            .and_then(|t| t.heartbeats.get(&e.facts.owner.name));
-        super::run_dead_at(&self.me, &e.facts, hb, self.ttl, now_ms).is_some()
+    /// Whether `e`'s run is over, may run, or is being watched, as this observer sees it now.
+    fn run_state(&self, e: &Entry, now: Instant) -> RunState {
+        let key = e.facts.owner.key();
+        let gone = self.gone.contains(&key);
+        super::run_state(&self.me, &e.facts, gone, self.observer.verdict(&key, now))
     }
 
-    /// Dead, and not already reported by this incarnation as needing a person.
-    fn wants_recovery(&self, e: &Entry, now_ms: u64) -> bool {
-        let hb = self
-            .table
-            .as_ref()
-            .and_then(|t| t.heartbeats.get(&e.facts.owner.name));
-        super::wants_recovery_at(&self.me, &e.facts, hb, self.ttl, now_ms)
+    /// Not known to be alive (over, or being watched), and not already reported by this
+    /// incarnation as needing a person: a recovery helper looks at it (and waits for a verdict).
+    fn wants_recovery(&self, e: &Entry, now: Instant) -> bool {
+        !matches!(self.run_state(e, now), RunState::Alive)
+            && e.facts.needs_person_by.as_deref() != Some(self.me.incarnation().as_str())
     }
 
-    fn dead_records(&self, now_ms: u64) -> usize {
-        self.entries().filter(|e| self.dead(e, now_ms)).count()
+    fn dead_records(&self, now: Instant) -> usize {
+        self.entries()
+            .filter(|e| matches!(self.run_state(e, now), RunState::Over(_)))
+            .count()
+    }
+
+    /// What this incarnation has seen of other incarnations' heartbeats, for a recovery helper
+    /// (`mono` turns an instant into CLOCK_MONOTONIC nanoseconds).
+    pub fn observations(&self, mono: impl Fn(Instant) -> u64) -> Vec<Seen> {
+        self.observer.export(mono)
+    }
+
+    /// The incarnations the kernel proved gone in the last scan.
+    pub fn proven_gone(&self) -> &[String] {
+        &self.gone
     }
 
     /// Whether a state-locking run in `workdir` must wait for a recovery first: a record there of
-    /// a dead owner or of a run seen dying, decided against `now_ms` (wall clock, ms).
-    pub fn needs_recovery(&self, workdir: &Path, now_ms: u64) -> bool {
+    /// a run seen dying, of an incarnation proven gone or watched dead, or of one not watched
+    /// long enough to tell (the helper then watches), decided at `now` on our monotonic clock.
+    pub fn needs_recovery(&self, workdir: &Path, now: Instant) -> bool {
         if !self.auto_unlock
             || !matches!(
                 self.state,
@@ -842,7 +1029,19 @@ impl Book {
             return false;
         }
         self.entries()
-            .any(|e| e.workdir == workdir && self.wants_recovery(e, now_ms))
+            .any(|e| e.workdir == workdir && self.wants_recovery(e, now))
+    }
+
+    /// Whether what a recovery in `workdir` would look at is only records of owners not watched
+    /// long enough to tell (none is known over): the helper then only watches, unless one dies.
+    pub fn only_watching(&self, workdir: &Path, now: Instant) -> bool {
+        !self
+            .closing
+            .values()
+            .any(|c| c.workdir == workdir && c.ended.is_some())
+            && !self.entries().any(|e| {
+                e.workdir == workdir && matches!(self.run_state(e, now), RunState::Over(_))
+            })
     }
 
     /// Whether a recovery in `workdir` may start now: no end-marking or removal of a record there
@@ -876,8 +1075,9 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::locks::record::{Heartbeat, FORMAT};
+    use crate::locks::record::Heartbeat;
     use crate::locks::recorder::tests::me;
+    use crate::locks::recorder::Beat;
 
     const TTL: Duration = Duration::from_secs(30);
     const TIMEOUT: Duration = Duration::from_secs(10);
@@ -899,25 +1099,32 @@ mod tests {
         Table {
             scanned: at,
             records,
-            heartbeats: heartbeats
+            beats: heartbeats
                 .into_iter()
-                .map(|h| (h.owner.name.clone(), h))
+                .map(|h| Beat {
+                    owner: h.owner.clone(),
+                    heartbeat: Some(h),
+                    started: at,
+                    done: at,
+                })
                 .collect(),
+            gone: Vec::new(),
         }
     }
 
     fn opened(t: Instant, table: Table) -> Completion {
-        let _ = t;
         Completion::Opened {
             result: Ok(()),
             table: Some(table),
             passwd_user: None,
+            beat: Some(t),
+            lock: None,
         }
     }
 
     fn open_book(t: Instant) -> Book {
         let mut b = book(t);
-        b.on_completion(opened(t, table(t, vec![], vec![])), t, T0);
+        b.on_completion(opened(t, table(t, vec![], vec![])), t);
         b
     }
 
@@ -960,18 +1167,24 @@ mod tests {
         let t = Instant::now();
         let mut b = book(t);
         assert_eq!(b.view(t).state, "opening");
+        // No create goes out before the store is open (and the loop holds the incarnation's
+        // lock file for the run to inherit): a run that gave up waiting starts without one.
+        assert!(matches!(
+            begin(&mut b, "r0", t),
+            Start::Unrecorded(Some(Notice::RecordTimeout { .. }))
+        ));
+        let ev = b.on_completion(opened(t, table(t, vec![], vec![])), t);
+        assert!(
+            logs(&ev)[0].contains("lock-owner records enabled"),
+            "{ev:?}"
+        );
+        assert_eq!(b.state(), StoreState::Open);
         assert_eq!(
             begin(&mut b, "r1", t),
             Start::Record {
                 deadline: t + TIMEOUT
             }
         );
-        let ev = b.on_completion(opened(t, table(t, vec![], vec![])), t, T0);
-        assert!(
-            logs(&ev)[0].contains("lock-owner records enabled"),
-            "{ev:?}"
-        );
-        assert_eq!(b.state(), StoreState::Open);
         assert!(b.tick(t + Duration::from_secs(1)).is_empty(), "not due yet");
         let ev = b.on_completion(
             Completion::Created {
@@ -979,7 +1192,6 @@ mod tests {
                 result: Ok("p1".into()),
             },
             t,
-            T0,
         );
         assert_eq!(
             ev,
@@ -1035,7 +1247,6 @@ mod tests {
                 result: Ok("p1".into()),
             },
             t2,
-            T0,
         );
         assert!(logs(&ev)[0].contains("state volume answers again"));
         assert!(
@@ -1055,7 +1266,6 @@ mod tests {
                 wall_ms: T0,
             },
             t2,
-            T0,
         );
         assert!(matches!(begin(&mut b, "r6", t2), Start::Record { .. }));
     }
@@ -1064,22 +1274,14 @@ mod tests {
     fn a_store_that_fails_to_open_warns_once_and_runs_start_without_records() {
         let t = Instant::now();
         let mut b = book(t);
-        begin(&mut b, "r1", t);
-        let ev = b.on_completion(
-            Completion::Opened {
-                result: Err("read-only file system".into()),
-                table: None,
-                passwd_user: None,
-            },
-            t,
-            T0,
-        );
+        assert!(matches!(begin(&mut b, "r1", t), Start::Unrecorded(Some(_))));
+        let ev = b.on_completion(Completion::not_usable("read-only file system".into()), t);
         assert_eq!(logs(&ev).len(), 1);
         assert!(logs(&ev)[0].contains("TFINIT_STATE_DIR is not usable"));
-        assert!(ev.contains(&Event::Start {
-            run: "r1".into(),
-            recorded: false
-        }));
+        assert!(
+            !ev.iter().any(|e| matches!(e, Event::Start { .. })),
+            "r1 never waited: no create goes out before the store opens"
+        );
         assert_eq!(begin(&mut b, "r2", t), Start::Unrecorded(None));
         assert_eq!(b.view(t).state, "failed");
         assert!(
@@ -1100,7 +1302,6 @@ mod tests {
                 result: Err("no space left".into()),
             },
             t,
-            T0,
         );
         assert!(logs(&ev)[0].contains("cannot write the lock-owner record"));
         assert!(ev.contains(&Event::Start {
@@ -1120,8 +1321,9 @@ mod tests {
             [],
             "the recorder keeps the heartbeat's clock"
         );
-        // No records of ours on the volume: an old heartbeat is no risk yet.
-        assert!(!b.heartbeat_stale(t + TTL));
+        // Stale whether or not records of ours are on the volume: the next record must not land
+        // under it.
+        assert!(b.heartbeat_stale(t + TTL));
         begin(&mut b, "r1", t);
         b.on_completion(
             Completion::Created {
@@ -1129,7 +1331,6 @@ mod tests {
                 result: Ok("p1".into()),
             },
             t,
-            T0,
         );
         let late = t + TTL / 2 + Duration::from_millis(2);
         assert!(b.next_wakeup().is_some_and(|w| w <= late));
@@ -1155,7 +1356,6 @@ mod tests {
                 wall_ms: T0,
             },
             late,
-            T0,
         );
         assert!(logs(&ev)[0].contains("heartbeat written again"));
         assert_eq!(b.view(late).state, "open");
@@ -1168,57 +1368,122 @@ mod tests {
                 wall_ms: T0,
             },
             late,
-            T0,
         );
         assert!(ev.is_empty());
     }
 
+    fn beat(owner: Owner, seq: u64, updated_ms: u64) -> Heartbeat {
+        Heartbeat {
+            v: crate::locks::record::HEARTBEAT_FORMAT,
+            owner,
+            seq,
+            updated_ms,
+            holds_lock: true,
+        }
+    }
+
     #[test]
-    fn dead_owners_are_decided_at_lookup_time() {
+    fn owners_are_judged_by_what_this_observer_saw_change_on_its_own_clock() {
         let t = Instant::now();
         let mut b = book(t);
-        let hb = Heartbeat {
-            v: FORMAT,
-            owner: other("pod-b", T0 - 100_000),
-            updated_ms: T0,
-        };
+        let pod_b = other("pod-b", T0 - 100_000);
         let mine = entry("mine", "/tf/mine", me(), T0);
         let mut ended_mine = entry("ended", "/tf/ended", me(), T0);
         ended_mine.facts.ended = Some(Ended {
             ms: T0,
             how: "killed by SIGKILL".into(),
         });
+        let records = vec![
+            entry("b", "/tf/b", pod_b.clone(), T0 - 50_000),
+            entry("c", "/tf/c", other("pod-c", T0 - 100_000), T0),
+            mine,
+            ended_mine,
+        ];
+        // pod-b's stamps are an hour old by any clock here: they are never compared with one.
+        let stamp = T0 - 3_600_000;
         b.on_completion(
             opened(
                 t,
-                table(
-                    t,
-                    vec![
-                        entry("b", "/tf/b", other("pod-b", T0 - 100_000), T0 - 50_000),
-                        entry("c", "/tf/c", other("pod-c", T0 - 100_000), T0),
-                        mine,
-                        ended_mine,
-                    ],
-                    vec![hb],
-                ),
+                table(t, records.clone(), vec![beat(pod_b.clone(), 1, stamp)]),
             ),
             t,
-            T0,
         );
-        let ttl_ms = TTL.as_millis() as u64;
-        // pod-b's heartbeat is fresh until T0 + TTL, then it is dead.
-        assert!(!b.needs_recovery(Path::new("/tf/b"), T0 + ttl_ms));
-        assert!(b.needs_recovery(Path::new("/tf/b"), T0 + ttl_ms + 1));
-        // pod-c has no heartbeat: its record's own age counts.
-        assert!(!b.needs_recovery(Path::new("/tf/c"), T0 + ttl_ms));
-        assert!(b.needs_recovery(Path::new("/tf/c"), T0 + ttl_ms + 1));
+        // Not watched for a TTL yet: a recovery helper looks (and waits for a verdict).
+        assert!(b.needs_recovery(Path::new("/tf/b"), t));
+        assert!(b.needs_recovery(Path::new("/tf/c"), t));
+        // pod-b's heartbeat changes: alive, its lock is never looked at.
+        let t1 = t + TTL / 3;
+        let scan = |at: Instant, seq: u64| {
+            Completion::Table(table(
+                at,
+                records.clone(),
+                vec![beat(pod_b.clone(), seq, stamp + seq)],
+            ))
+        };
+        b.on_completion(scan(t1, 2), t1);
+        assert!(!b.needs_recovery(Path::new("/tf/b"), t1));
+        // Unchanged in a read just short of a TTL later: still alive.
+        let t2 = t1 + TTL - Duration::from_millis(1);
+        b.on_completion(scan(t2, 2), t2);
+        assert!(!b.needs_recovery(Path::new("/tf/b"), t2 + TTL));
+        // Unchanged in a read a full TTL after it was first seen: dead.
+        let t3 = t1 + TTL;
+        b.on_completion(scan(t3, 2), t3);
+        assert!(b.needs_recovery(Path::new("/tf/b"), t3));
+        // pod-c has no heartbeat at all: watched like any content, dead after a TTL of it.
+        assert_eq!(
+            b.dead_records(t3),
+            2,
+            "pod-b watched dead, our own ended run"
+        );
         // Our own live record never; our own ended one always.
-        assert!(!b.needs_recovery(Path::new("/tf/mine"), T0 + 100 * ttl_ms));
-        assert!(b.needs_recovery(Path::new("/tf/ended"), T0));
-        assert!(!b.needs_recovery(Path::new("/tf/elsewhere"), T0 + 100 * ttl_ms));
+        assert!(!b.needs_recovery(Path::new("/tf/mine"), t3 + 100 * TTL));
+        assert!(b.needs_recovery(Path::new("/tf/ended"), t));
+        assert!(!b.needs_recovery(Path::new("/tf/elsewhere"), t3 + 100 * TTL));
         // TFINIT_FORCE_UNLOCK=off: never.
         b.auto_unlock = false;
-        assert!(!b.needs_recovery(Path::new("/tf/ended"), T0));
+        assert!(!b.needs_recovery(Path::new("/tf/ended"), t));
+    }
+
+    #[test]
+    fn an_incarnation_the_kernel_proves_gone_is_over_at_once() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let earlier = other("pod-a", 0);
+        let mut tab = table(
+            t,
+            vec![entry("a0", "/tf/a", earlier.clone(), T0)],
+            vec![beat(earlier.clone(), 9, T0)],
+        );
+        tab.gone = vec![earlier.key()];
+        b.on_completion(opened(t, tab), t);
+        assert_eq!(b.dead_records(t), 1);
+        assert_eq!(b.proven_gone(), [earlier.key()]);
+    }
+
+    #[test]
+    fn another_live_incarnation_of_our_name_is_reported_once_and_its_records_stay_alive() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        let twin = other("pod-a", 5);
+        let recs = vec![entry("t1", "/tf/t", twin.clone(), T0)];
+        let mut ev = Vec::new();
+        for i in 0..6u64 {
+            let at = t + TTL / 3 * (i as u32);
+            ev.extend(b.on_completion(
+                Completion::Table(table(at, recs.clone(), vec![beat(twin.clone(), i, T0)])),
+                at,
+            ));
+            assert!(
+                i == 0 || !b.needs_recovery(Path::new("/tf/t"), at),
+                "the twin's beats change: alive"
+            );
+        }
+        let said: Vec<String> = logs(&ev)
+            .into_iter()
+            .filter(|m| m.contains("another tfinit is using owner name pod-a"))
+            .collect();
+        assert_eq!(said.len(), 1, "{ev:?}");
     }
 
     #[test]
@@ -1232,7 +1497,6 @@ mod tests {
                 result: Ok("p1".into()),
             },
             t,
-            T0,
         );
         let w = Path::new("/tf/x");
         assert!(b.may_recover(w));
@@ -1252,7 +1516,7 @@ mod tests {
         assert!(!b.may_recover(w), "the end-marking is still queued");
         assert!(b.may_recover(Path::new("/tf/other")));
         assert!(
-            b.needs_recovery(w, T0),
+            b.needs_recovery(w, t),
             "an end-marking on its way makes the directory need a recovery, which waits for it"
         );
         let t1 = t + Duration::from_secs(1);
@@ -1262,20 +1526,19 @@ mod tests {
                 result: Ok(()),
             },
             t1,
-            T0,
         );
         assert!(b.may_recover(w));
         // The ended record counts before any rescan shows it.
-        assert!(b.needs_recovery(w, T0));
+        assert!(b.needs_recovery(w, t));
         let t2 = t1 + Duration::from_secs(1);
         assert_eq!(b.recovery_done(w, t2), Request::Rescan);
         assert!(
-            !b.needs_recovery(w, T0),
+            !b.needs_recovery(w, t),
             "resolved until the rescan says otherwise"
         );
         // A table scanned before the recovery ended does not bring the record back...
-        b.on_completion(Completion::Table(table(t1, vec![], vec![])), t2, T0);
-        assert!(!b.needs_recovery(w, T0));
+        b.on_completion(Completion::Table(table(t1, vec![], vec![])), t2);
+        assert!(!b.needs_recovery(w, t));
         // ...one scanned after it tells the truth: the record is still there (recovery failed).
         let mut left = entry("p1", "/tf/x", me(), T0);
         left.facts.ended = Some(Ended {
@@ -1285,9 +1548,8 @@ mod tests {
         b.on_completion(
             Completion::Table(table(t2 + Duration::from_millis(1), vec![left], vec![])),
             t2,
-            T0,
         );
-        assert!(b.needs_recovery(w, T0));
+        assert!(b.needs_recovery(w, t));
     }
 
     #[test]
@@ -1309,7 +1571,6 @@ mod tests {
                 result: Ok("p1".into()),
             },
             t,
-            T0,
         );
         assert!(ev.is_empty(), "{ev:?}");
         assert!(!b.may_recover(Path::new("/tf/x")));
@@ -1320,7 +1581,6 @@ mod tests {
                 result: Ok(()),
             },
             t1,
-            T0,
         );
         assert!(b.may_recover(Path::new("/tf/x")));
         // A table scanned before the removal still lists it: the removal wins.
@@ -1329,8 +1589,8 @@ mod tests {
             ms: T0,
             how: "x".into(),
         });
-        b.on_completion(Completion::Table(table(t, vec![stale], vec![])), t1, T0);
-        assert!(!b.needs_recovery(Path::new("/tf/x"), T0));
+        b.on_completion(Completion::Table(table(t, vec![stale], vec![])), t1);
+        assert!(!b.needs_recovery(Path::new("/tf/x"), t));
     }
 
     #[test]
@@ -1351,9 +1611,10 @@ mod tests {
                 result: Ok(()),
                 table: Some(table(t, vec![], vec![])),
                 passwd_user: Some("app".into()),
+                beat: Some(t),
+                lock: None,
             },
             t,
-            T0,
         );
         let runs = b.live_runs();
         assert_eq!(runs[0].who, "app@pod-a");
@@ -1376,10 +1637,9 @@ mod tests {
                 result: Ok(PathBuf::from("/s/records/r1.json")),
             },
             now,
-            0,
         );
         assert!(
-            !b.needs_recovery(wd, 0),
+            !b.needs_recovery(wd, now),
             "a live run's record is not a dead one"
         );
         let ended = Ended {
@@ -1390,11 +1650,100 @@ mod tests {
             b.exited("r1", Some(ended), vec![]),
             Some(Request::End { .. })
         ));
-        assert!(b.needs_recovery(wd, 0), "the end-marking is queued");
+        assert!(b.needs_recovery(wd, now), "the end-marking is queued");
         assert!(!b.may_recover(wd), "but the recovery waits for it");
         assert!(
-            !b.needs_recovery(Path::new("/tf/b"), 0),
+            !b.needs_recovery(Path::new("/tf/b"), now),
             "other directories are not concerned"
         );
+    }
+
+    #[test]
+    fn recorded_runs_are_stopped_then_killed_before_any_observer_may_call_us_dead() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, "r1", t);
+        b.on_completion(
+            Completion::Created {
+                run: "r1".into(),
+                result: Ok("p1".into()),
+            },
+            t,
+        );
+        // An unrecorded run is nobody's concern.
+        b.on_completion(
+            Completion::Created {
+                run: "r2".into(),
+                result: Err("x".into()),
+            },
+            t,
+        );
+        let stop_at = t + TTL * 2 / 3;
+        let kill_at = t + TTL - TTL / 10;
+        assert_eq!(b.next_wakeup().map(|w| w <= stop_at), Some(true));
+        assert!(!b
+            .tick(stop_at - Duration::from_millis(1))
+            .iter()
+            .any(|e| matches!(e, Event::Fence { .. })));
+        let ev = b.tick(stop_at);
+        assert!(
+            ev.contains(&Event::Fence {
+                runs: vec!["r1".into()],
+                kill: false
+            }),
+            "{ev:?}"
+        );
+        assert!(
+            !b.tick(stop_at)
+                .iter()
+                .any(|e| matches!(e, Event::Fence { .. })),
+            "once"
+        );
+        assert_eq!(b.fence_stage(), FenceStage::Stopping);
+        // No new record while the fence is up.
+        assert!(matches!(
+            begin(&mut b, "r3", stop_at),
+            Start::Unrecorded(Some(_))
+        ));
+        assert_eq!(b.next_wakeup().map(|w| w <= kill_at), Some(true));
+        let ev = b.tick(kill_at);
+        assert!(
+            ev.contains(&Event::Fence {
+                runs: vec!["r1".into()],
+                kill: true
+            }),
+            "{ev:?}"
+        );
+        assert!(b
+            .fence_notice(&["r1".into()], true, kill_at)
+            .message()
+            .contains("SIGKILLed"));
+        // A heartbeat lands: clear again, records resume.
+        b.on_completion(
+            Completion::Heartbeat {
+                result: Ok(()),
+                stamped: kill_at,
+                wall_ms: T0,
+            },
+            kill_at,
+        );
+        assert_eq!(b.fence_stage(), FenceStage::Clear);
+        assert!(matches!(begin(&mut b, "r4", kill_at), Start::Record { .. }));
+    }
+
+    #[test]
+    fn the_heartbeats_age_counts_from_its_write_not_from_the_open_that_reported_it() {
+        // The open wrote the heartbeat at t, then swept and scanned for a TTL/2 on a slow
+        // volume: the heartbeat is already half a TTL old when the loop hears of it.
+        let t = Instant::now();
+        let mut b = book(t);
+        let reported = t + TTL / 2 + Duration::from_millis(1);
+        b.on_completion(opened(t, table(t, vec![], vec![])), reported);
+        assert_eq!(b.heartbeat_age(reported), Some(reported - t));
+        assert!(b.heartbeat_stale(reported), "no record lands under it");
+        assert!(matches!(
+            begin(&mut b, "r1", reported),
+            Start::Unrecorded(Some(_))
+        ));
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod book;
 pub mod follower;
+pub mod liveness;
 pub mod lockinfo;
 pub mod record;
 pub mod recorder;
@@ -16,7 +17,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use record::{Ended, Heartbeat, Owner, Record};
-use store::Store;
 
 /// What the liveness rules read of a record: its owner, its last write and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,154 +43,67 @@ impl Facts {
     }
 }
 
-/// [`run_dead_at`] now, with the owner's heartbeat read from `store`.
-pub fn run_dead(store: &dyn Store, me: &Owner, rec: &Record, ttl: Duration) -> Option<String> {
-    let hb = store.read_heartbeat(&rec.owner.name);
-    run_dead_at(me, &Facts::of(rec), hb.as_ref(), ttl, record::now_ms())
+/// Whether a record's run may still hold its lock, as far as one observer can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    /// Over: the text says what proves it. Its lock may be probed and released.
+    Over(String),
+    /// It may be running: its lock is never touched.
+    Alive,
+    /// Not known yet: its owner's heartbeat has been watched for less than a TTL.
+    Watching {
+        /// How much longer the watch needs.
+        left: Duration,
+    },
 }
 
-/// [`last_alive_ms_at`] with the owner's heartbeat read from `store`.
-pub fn last_alive_ms(store: &dyn Store, me: &Owner, rec: &Record, ttl: Duration) -> u64 {
-    let hb = store.read_heartbeat(&rec.owner.name);
-    last_alive_ms_at(me, &Facts::of(rec), hb.as_ref(), ttl)
-}
-
-/// Whether the init's automatic recovery should look at a record before a run in its directory:
-/// its run is over, and it is not a record this incarnation already reported as needing a person
-/// (that lock cannot be released by terraform; probing again would only repeat the error).
-pub fn wants_recovery_at(
-    me: &Owner,
-    rec: &Facts,
-    hb: Option<&Heartbeat>,
-    ttl: Duration,
-    now_ms: u64,
-) -> bool {
-    run_dead_at(me, rec, hb, ttl, now_ms).is_some()
-        && rec.needs_person_by.as_deref() != Some(me.incarnation().as_str())
-}
-
-/// Why a record's run is over at `now_ms`, or None when it may still run (then its lock is never
-/// touched). `hb` is the heartbeat of the record's owner name, as last read.
-///
-/// Over: terraform was seen dying (`ended`), or its owner is dead (see [`owner_dead`]).
-pub fn run_dead_at(
-    me: &Owner,
-    rec: &Facts,
-    hb: Option<&Heartbeat>,
-    ttl: Duration,
-    now_ms: u64,
-) -> Option<String> {
+/// Whether the run of a record with `rec` is over, for observer `me`, given whether the kernel
+/// proves its incarnation gone (`gone`: see [`store::Store::incarnation_gone`]) and what `me`
+/// has seen of its heartbeat (`verdict`). The only proofs are: the init saw its terraform die
+/// (`ended`), the kernel freed the lock every process of its incarnation held, or a read a full
+/// TTL after its heartbeat was first seen shows it unchanged. No wall-clock stamp is compared
+/// with any clock.
+pub fn run_state(me: &Owner, rec: &Facts, gone: bool, verdict: liveness::Verdict) -> RunState {
     if let Some(end) = &rec.ended {
-        return Some(format!(
+        return RunState::Over(format!(
             "its terraform ended ({}) and may have left its lock",
             end.how
         ));
     }
-    owner_dead_at(me, rec, hb, ttl, now_ms)
-}
-
-/// Why a record's owner is dead at `now_ms` given its name's heartbeat `hb`, or None when it may be
-/// alive.
-///
-/// Dead: the record is from an earlier incarnation of our own name (the same name runs once),
-/// unless another incarnation of that name refreshed its heartbeat since we started (two live
-/// owners share a name: a misconfiguration, and then nothing is dead); its name's heartbeat
-/// belongs to a later incarnation (it restarted); or its heartbeat is older than the TTL (or
-/// missing, while the record itself is older than the TTL).
-pub fn owner_dead_at(
-    me: &Owner,
-    rec: &Facts,
-    hb: Option<&Heartbeat>,
-    ttl: Duration,
-    now_ms: u64,
-) -> Option<String> {
-    let age = |ms: u64| Duration::from_millis(now_ms.saturating_sub(ms));
     if rec.owner.same_incarnation(me) {
-        return None;
+        return RunState::Alive;
     }
-    if rec.owner.name == me.name {
-        if let Some(hb) = hb {
-            if !hb.owner.same_incarnation(me)
-                && hb.updated_ms > me.started_ms
-                && age(hb.updated_ms) <= ttl
-            {
-                tracing::warn!(
-                    owner = %me.name, other = %hb.owner.incarnation(), me = %me.incarnation(),
-                    "another live tfinit uses this owner name and the same TFINIT_STATE_DIR: give each pod its own TFINIT_OWNER (the default, the hostname, is unique per pod); their records are left alone"
-                );
-                return None;
-            }
-        }
-        return Some(format!(
-            "it is an earlier incarnation of this owner ({}), which restarted",
-            me.name
+    if gone {
+        return RunState::Over(format!(
+            "every process of incarnation {} is gone (the kernel freed the lock file they all held)",
+            rec.owner.incarnation()
         ));
     }
-    match hb {
-        Some(hb) if !hb.owner.same_incarnation(&rec.owner) => {
-            if hb.owner.started_ms > rec.owner.started_ms {
-                return Some(format!(
-                    "owner {} restarted since (its heartbeat is from incarnation {})",
-                    rec.owner.name,
-                    hb.owner.incarnation()
-                ));
-            }
-            // A heartbeat older than the record's incarnation: that incarnation never wrote
-            // one (its directory was not writable then?). Judge by age, like a missing one.
-            let age = age(rec.updated_ms.max(hb.updated_ms));
-            (age > ttl).then(|| {
-                format!(
-                    "it has no heartbeat of its own and nothing of it is newer than {}s",
-                    age.as_secs()
-                )
-            })
-        }
-        Some(hb) => {
-            let age = age(hb.updated_ms);
-            (age > ttl).then(|| {
-                format!(
-                    "its heartbeat is {}s old (TFINIT_OWNER_TTL is {}s)",
-                    age.as_secs(),
-                    ttl.as_secs()
-                )
-            })
-        }
-        None => {
-            let age = age(rec.updated_ms);
-            (age > ttl).then(|| {
-                format!(
-                    "it has no heartbeat and the record is {}s old",
-                    age.as_secs()
-                )
-            })
-        }
+    match verdict {
+        liveness::Verdict::Dead { watched } => RunState::Over(format!(
+            "its owner's heartbeat did not change in {}s of watching",
+            watched.as_secs()
+        )),
+        liveness::Verdict::Alive => RunState::Alive,
+        liveness::Verdict::Watching { left } => RunState::Watching { left },
     }
 }
 
-/// The latest moment a dead run could have taken a lock, ms since the epoch: a lock created later
-/// than this (plus clock skew) is not that run's. From what the state directory proves: when the
-/// init saw terraform die; the owner's last heartbeat plus one TTL (it may have lived that long
-/// unseen); the start of the incarnation that replaced it; and the record's own last write. `hb` is
-/// the heartbeat of the record's owner name.
-pub fn last_alive_ms_at(me: &Owner, rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 {
+/// The latest moment a dead run could have taken a lock, ms since the epoch on its owner's own
+/// clock: a lock created later than this (plus clock skew) is not that run's. From the owner's
+/// own stamps only (the lock's Created is stamped by the same node): when the init saw terraform
+/// die, else the owner's last heartbeat or the record's last write, plus one TTL (it may have
+/// lived that long unseen). `hb` is that incarnation's heartbeat.
+pub fn last_alive_ms(rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 {
     if let Some(end) = &rec.ended {
         return end.ms;
     }
-    let ttl_ms = ttl.as_millis() as u64;
-    if rec.owner.name == me.name && !rec.owner.same_incarnation(me) {
-        // An earlier incarnation of ours was gone before this one started.
-        return me.started_ms.max(rec.updated_ms);
-    }
-    match hb {
-        Some(hb) if hb.owner.same_incarnation(&rec.owner) => {
-            hb.updated_ms.max(rec.updated_ms).saturating_add(ttl_ms)
-        }
-        Some(hb) if hb.owner.started_ms > rec.owner.started_ms => {
-            hb.owner.started_ms.max(rec.updated_ms)
-        }
-        // No heartbeat of its own: only the record's last write proves it was alive.
-        _ => rec.updated_ms.saturating_add(ttl_ms),
-    }
+    let own_beat = hb
+        .filter(|hb| hb.owner.same_incarnation(&rec.owner))
+        .map_or(0, |hb| hb.updated_ms);
+    own_beat
+        .max(rec.updated_ms)
+        .saturating_add(ttl.as_millis() as u64)
 }
 
 /// The terraform workspace a run with `args` and environment `env` works on:

@@ -7,10 +7,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-// Legacy: the loop's record path until it uses the recorder (removed at that integration).
+/// Format version of records written by this tfinit. A file with a newer version is left alone.
+/// Version 2 came with liveness by observation (heartbeats with sequence numbers, one per
+/// incarnation): a tfinit of version 1 leaves version-2 records alone, since it would judge
+/// their owners by wall-clock stamps and a heartbeat file it does not read.
+pub const FORMAT: u32 = 2;
 
-/// Format version of records and heartbeats. A file with a newer version is left alone.
-pub const FORMAT: u32 = 1;
+/// The oldest record format this tfinit reads (its owners are judged by the shared heartbeat
+/// file of their name, `owners/<name>.json`, when it is that incarnation's).
+pub const OLDEST_FORMAT: u32 = 1;
+
+/// Format version of heartbeats (`owners/<name>.<incarnation>.json`).
+pub const HEARTBEAT_FORMAT: u32 = 2;
 
 /// Largest record or heartbeat file read; anything bigger is not ours.
 pub(super) const MAX_FILE: u64 = 1 << 20;
@@ -72,6 +80,11 @@ impl Owner {
             self.started_ms,
             self.pid
         )
+    }
+
+    /// The incarnation's key: `name/incarnation`, unique per incarnation.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.name, self.incarnation())
     }
 
     /// Whether `other` is this very incarnation.
@@ -152,15 +165,32 @@ fn default_workspace() -> String {
     "default".to_string()
 }
 
-/// An owner's heartbeat.
+/// An incarnation's heartbeat.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Heartbeat {
-    /// Format version.
+    /// Format version: [`HEARTBEAT_FORMAT`] (1 in the shared file of the first format).
     pub v: u32,
     /// The incarnation alive.
     pub owner: Owner,
-    /// Last refresh, ms since the epoch.
+    /// Grows by one with every beat: what observers watch change.
+    #[serde(default)]
+    pub seq: u64,
+    /// Last refresh, ms since the epoch: for people to read; no decision compares it with a clock.
     pub updated_ms: u64,
+    /// Whether every terraform run of this incarnation holds its lock file
+    /// (`owners/<name>.<incarnation>.lock`), so that the lock being free proves them all gone.
+    #[serde(default)]
+    pub holds_lock: bool,
+}
+
+impl Heartbeat {
+    /// What observers compare between two reads.
+    pub fn token(&self) -> crate::locks::liveness::Token {
+        crate::locks::liveness::Token {
+            seq: self.seq,
+            updated_ms: self.updated_ms,
+        }
+    }
 }
 
 /// A record file found on disk.
@@ -185,9 +215,9 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
     }
     let version: Version =
         serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
-    if version.v != FORMAT {
+    if !(OLDEST_FORMAT..=FORMAT).contains(&version.v) {
         return Err(format!(
-            "format version {} (this tfinit reads {FORMAT})",
+            "format version {} (this tfinit reads {OLDEST_FORMAT} to {FORMAT})",
             version.v
         ));
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::record::{now_ms, Ended, Found, Heartbeat, Owner, Record};
+use super::record::{now_ms, Ended, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use super::store::Store;
 use super::Facts;
 
@@ -93,8 +93,24 @@ pub struct Table {
     pub scanned: Instant,
     /// Every readable record.
     pub records: Vec<Entry>,
-    /// The heartbeat of each records' owner name that has one.
-    pub heartbeats: HashMap<String, Heartbeat>,
+    /// One read of the heartbeat of each incarnation with records, and of every other
+    /// incarnation of our own name.
+    pub beats: Vec<Beat>,
+    /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`]).
+    pub gone: Vec<String>,
+}
+
+/// One read of an incarnation's heartbeat, timed on the reader's monotonic clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    /// The incarnation.
+    pub owner: Owner,
+    /// What was read (None: no heartbeat file).
+    pub heartbeat: Option<Heartbeat>,
+    /// When the read started.
+    pub started: Instant,
+    /// When it returned.
+    pub done: Instant,
 }
 
 /// What the recorder did.
@@ -109,6 +125,12 @@ pub enum Completion {
         table: Option<Table>,
         /// Our uid's passwd user name.
         passwd_user: Option<String>,
+        /// When the first heartbeat write (which succeeded) started: its age counts from then,
+        /// not from this completion (the sweep and the scan came after it).
+        beat: Option<Instant>,
+        /// This incarnation's lock file, flocked, for every terraform run to inherit; None when
+        /// it could not be taken (records are written all the same, proven dead only by watching).
+        lock: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     },
     /// A heartbeat write finished.
     Heartbeat {
@@ -151,6 +173,20 @@ pub enum Completion {
     Table(Table),
 }
 
+impl Completion {
+    /// The opening of a store that cannot be used (`error` says why): the one stand-in for a
+    /// store that never opened (no recorder thread, or it died).
+    pub fn not_usable(error: String) -> Completion {
+        Completion::Opened {
+            result: Err(error),
+            table: None,
+            passwd_user: None,
+            beat: None,
+            lock: None,
+        }
+    }
+}
+
 /// The recorder thread is gone (it never stops while the loop holds the [`Recorder`], so this is
 /// a bug or a panic in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -188,6 +224,8 @@ impl Recorder {
             host: String::new(),
             written: HashMap::new(),
             last_heartbeat: None,
+            seq: 0,
+            holds_lock: false,
         };
         let out = Outbox {
             tx: outbox,
@@ -430,6 +468,10 @@ struct Worker {
     written: HashMap<RunId, (PathBuf, Record)>,
     /// When the last heartbeat write that succeeded started.
     last_heartbeat: Option<Instant>,
+    /// The sequence number of the last heartbeat written (or tried).
+    seq: u64,
+    /// Whether this incarnation's lock file is held (said in every heartbeat).
+    holds_lock: bool,
 }
 
 /// Why a write was not attempted: the store did not open.
@@ -490,11 +532,23 @@ impl Worker {
     fn open_store(&mut self, out: &Outbox) {
         self.passwd_user = super::passwd_user();
         self.host = crate::config::hostname();
-        let result = self
-            .store
-            .open(self.ttl)
-            .and_then(|()| self.store.write_heartbeat(&self.me))
-            .map_err(|e| e.to_string());
+        let mut lock = None;
+        let mut beat = None;
+        let result = self.store.open(self.ttl).and_then(|()| {
+            // The lock first: the first heartbeat says whether it is held.
+            match self.store.hold_incarnation_lock(&self.me) {
+                Ok(fd) => lock = fd.map(std::sync::Arc::new),
+                Err(e) => tracing::warn!(
+                    state_dir = %self.store.location(), error = %e,
+                    "cannot take this incarnation's lock file: records are written, but after a container restart they are recovered only once this owner has been watched dead for TFINIT_OWNER_TTL"
+                ),
+            }
+            self.holds_lock = lock.is_some();
+            let (stamped, written) = self.beat();
+            beat = Some(stamped);
+            written
+        });
+        let result = result.map_err(|e| e.to_string());
         let table = result.is_ok().then(|| {
             // Unreadable records are set aside now, so each is reported once.
             let records: Vec<Record> = self.store.sweep().into_iter().map(|(_, r)| r).collect();
@@ -503,28 +557,43 @@ impl Worker {
             self.scan()
         });
         self.open = result.is_ok();
-        if self.open {
-            self.last_heartbeat = Some(Instant::now());
-        }
         out.send(Completion::Opened {
+            beat: beat.filter(|_| self.open),
             result,
             table,
             passwd_user: self.passwd_user.clone(),
+            lock: lock.filter(|_| self.open),
         });
+    }
+
+    /// Writes the next heartbeat; returns when its stamp was taken and whether it landed.
+    fn beat(&mut self) -> (Instant, io::Result<()>) {
+        self.seq += 1;
+        let stamped = Instant::now();
+        let hb = Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: self.me.clone(),
+            seq: self.seq,
+            updated_ms: now_ms(),
+            holds_lock: self.holds_lock,
+        };
+        let written = self.store.write_heartbeat(&hb);
+        if written.is_ok() {
+            self.last_heartbeat = Some(stamped);
+        }
+        (stamped, written)
     }
 
     fn scan(&self) -> Table {
         let scanned = Instant::now();
         let mut records = Vec::new();
-        let mut heartbeats = HashMap::new();
+        let mut owners: Vec<Owner> = Vec::new();
         for f in self.store.list() {
             let Found::Record(path, rec) = f else {
                 continue;
             };
-            if !heartbeats.contains_key(&rec.owner.name) {
-                if let Some(hb) = self.store.read_heartbeat(&rec.owner.name) {
-                    heartbeats.insert(rec.owner.name.clone(), hb);
-                }
+            if !owners.iter().any(|o| o.same_incarnation(&rec.owner)) {
+                owners.push(rec.owner.clone());
             }
             records.push(Entry {
                 path,
@@ -532,45 +601,71 @@ impl Worker {
                 facts: Facts::of(&rec),
             });
         }
+        let mut beats = Vec::new();
+        let mut gone = Vec::new();
+        for owner in owners {
+            if owner.same_incarnation(&self.me) {
+                continue;
+            }
+            let started = Instant::now();
+            let heartbeat = self.store.read_heartbeat(&owner);
+            let done = Instant::now();
+            let provable = heartbeat.as_ref().is_some_and(|h| h.holds_lock)
+                && !owner.boot_id.is_empty()
+                && owner.boot_id == self.me.boot_id;
+            if provable && self.store.incarnation_gone(&owner) == Some(true) {
+                gone.push(owner.key());
+            }
+            beats.push(Beat {
+                owner,
+                heartbeat,
+                started,
+                done,
+            });
+        }
+        // Other live incarnations of our own name show here (two inits with one TFINIT_OWNER).
+        let started = Instant::now();
+        let named = self.store.heartbeats_named(&self.me.name);
+        let done = Instant::now();
+        for hb in named {
+            if hb.owner.same_incarnation(&self.me)
+                || beats.iter().any(|b| b.owner.same_incarnation(&hb.owner))
+            {
+                continue;
+            }
+            beats.push(Beat {
+                owner: hb.owner.clone(),
+                heartbeat: Some(hb),
+                started,
+                done,
+            });
+        }
         Table {
             scanned,
             records,
-            heartbeats,
+            beats,
+            gone,
         }
     }
 
     fn run(&mut self, job: Job, queue: &mut Queue, out: &Outbox) {
         match job {
             Job::Heartbeat => {
-                let stamped = Instant::now();
-                let wall_ms = now_ms();
-                let result = if self.open {
-                    self.store
-                        .write_heartbeat(&self.me)
-                        .map_err(|e| e.to_string())
-                } else {
-                    Err(NOT_OPEN.into())
-                };
-                let ok = result.is_ok();
-                let done = Completion::Heartbeat {
-                    result,
-                    stamped,
-                    wall_ms,
-                };
+                if !self.open {
+                    out.send(Completion::Heartbeat {
+                        result: Err(NOT_OPEN.into()),
+                        stamped: Instant::now(),
+                        wall_ms: now_ms(),
+                    });
+                    return;
+                }
                 // A failure may matter at once, and so does a success after a gap the loop may
                 // have called stale (it says "written again" and records resume); an on-time
                 // success only changes an age the loop reads when it needs it.
                 let late = self
                     .last_heartbeat
                     .map_or(true, |t| t.elapsed() > self.ttl / 2);
-                if ok {
-                    self.last_heartbeat = Some(stamped);
-                }
-                if ok && !late {
-                    out.send_quietly(done);
-                } else {
-                    out.send(done);
-                }
+                let ok = self.heartbeat_now(out, late);
                 // After the writes already queued: a scan of many records must not delay them.
                 if ok {
                     queue.push(Request::Rescan);
@@ -579,7 +674,7 @@ impl Worker {
             Job::Rescan if self.open => out.send_quietly(Completion::Table(self.scan())),
             Job::Rescan => {}
             Job::Write(w, n) => {
-                if let Some(c) = self.write(w) {
+                if let Some(c) = self.write(w, out) {
                     out.send(c);
                 }
                 out.done(n);
@@ -587,13 +682,44 @@ impl Worker {
         }
     }
 
-    fn write(&mut self, w: Request) -> Option<Completion> {
+    /// Writes a heartbeat and reports it (waking the loop when `wake`); returns whether it landed.
+    fn heartbeat_now(&mut self, out: &Outbox, wake: bool) -> bool {
+        let wall_ms = now_ms();
+        let (stamped, result) = self.beat();
+        let ok = result.is_ok();
+        let done = Completion::Heartbeat {
+            result: result.map_err(|e| e.to_string()),
+            stamped,
+            wall_ms,
+        };
+        if ok && !wake {
+            out.send_quietly(done);
+        } else {
+            out.send(done);
+        }
+        ok
+    }
+
+    fn write(&mut self, w: Request, out: &Outbox) -> Option<Completion> {
         Some(match w {
             Request::Create {
                 run,
                 mut record,
                 env,
             } => {
+                // A record lands only under a fresh heartbeat: every observer then has at least
+                // two thirds of a TTL of watching ahead, and this owner's fence stops the run
+                // before any of them may call it dead (locks::liveness).
+                let fresh =
+                    super::liveness::fresh_enough(self.last_heartbeat, Instant::now(), self.ttl);
+                if self.open && !fresh && !self.heartbeat_now(out, true) {
+                    return Some(Completion::Created {
+                        run,
+                        result: Err(
+                            "not written: the heartbeat it must follow could not be written".into(),
+                        ),
+                    });
+                }
                 let result = if self.open {
                     record.who = super::who_for(self.passwd_user.as_deref(), &self.host, &env);
                     record.updated_ms = now_ms();
@@ -652,7 +778,6 @@ impl Worker {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::locks::record::FORMAT;
     use crate::locks::store::{Aside, RecoveryLock};
     use std::collections::BTreeMap;
     use std::path::Path;
@@ -674,6 +799,10 @@ pub(crate) mod tests {
         pub fail_open: bool,
         /// Record writes fail.
         pub fail_writes: bool,
+        /// Heartbeat writes fail.
+        pub fail_heartbeats: bool,
+        /// Incarnations (keys) whose lock file is free: the kernel proves them gone.
+        pub gone: Vec<String>,
     }
 
     /// A storage test double: records in memory, every call logged, writes can be held or
@@ -767,22 +896,33 @@ pub(crate) mod tests {
             self.with(|i| i.records.remove(id));
             Ok(id.with_extension("aside"))
         }
-        fn read_heartbeat(&self, name: &str) -> Option<Heartbeat> {
-            self.with(|i| i.heartbeats.get(name).cloned())
+        fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+            self.with(|i| i.heartbeats.get(&owner.key()).cloned())
         }
-        fn write_heartbeat(&self, owner: &Owner) -> io::Result<()> {
+        fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+            self.with(|i| {
+                i.heartbeats
+                    .values()
+                    .filter(|h| h.owner.name == name)
+                    .cloned()
+                    .collect()
+            })
+        }
+        fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
             let mut g = self.0 .0.lock().unwrap();
             g.log.push("heartbeat".into());
-            g.heartbeats.insert(
-                owner.name.clone(),
-                Heartbeat {
-                    v: FORMAT,
-                    owner: owner.clone(),
-                    updated_ms: now_ms(),
-                },
-            );
+            if g.fail_heartbeats {
+                return Err(io::Error::other("injected heartbeat failure"));
+            }
+            g.heartbeats.insert(hb.owner.key(), hb.clone());
             self.0 .1.notify_all();
             Ok(())
+        }
+        fn hold_incarnation_lock(&self, _me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>> {
+            Ok(Some(std::fs::File::open("/dev/null")?.into()))
+        }
+        fn incarnation_gone(&self, owner: &Owner) -> Option<bool> {
+            self.with(|i| i.gone.contains(&owner.key()).then_some(true))
         }
         fn prune_heartbeats(&self, _records: &[Record], _me: &Owner, _older_than: Duration) {}
         fn lock_recovery(&self, _wait: Duration) -> io::Result<RecoveryLock> {
@@ -1145,7 +1285,8 @@ pub(crate) mod tests {
         };
         assert_eq!(t.records.len(), 1);
         assert_eq!(t.records[0].workdir, Path::new("/tf/y"));
-        assert!(t.heartbeats.is_empty(), "pod-b has no heartbeat");
+        assert_eq!(t.beats.len(), 1, "pod-b's heartbeat was read");
+        assert_eq!(t.beats[0].heartbeat, None, "pod-b has no heartbeat");
         r.send(Request::Heartbeat).unwrap();
         let seen = collect_until(&r, "a table", |c| matches!(c, Completion::Table(_)));
         assert!(seen
@@ -1155,5 +1296,54 @@ pub(crate) mod tests {
         collect_until(&r, "a rescan's table", |c| {
             matches!(c, Completion::Table(_))
         });
+    }
+
+    #[test]
+    fn a_record_lands_only_under_a_heartbeat_younger_than_a_third_of_the_ttl() {
+        let store = TestStore::default();
+        let ttl = Duration::from_millis(600);
+        let r = Recorder::start(Box::new(store.clone()), me(), ttl).unwrap();
+        collect_until(&r, "Opened", |c| matches!(c, Completion::Opened { .. }));
+        // The heartbeat stops landing (a full disk); once it is older than TTL/3, a create is
+        // not written: the heartbeat it must follow is tried first, and fails.
+        store.with(|i| i.fail_heartbeats = true);
+        std::thread::sleep(ttl / 3 + Duration::from_millis(50));
+        r.send(Request::Create {
+            run: "r1".into(),
+            record: record("r1"),
+            env: vec![],
+        })
+        .unwrap();
+        let seen = collect_until(
+            &r,
+            "r1's create",
+            |c| matches!(c, Completion::Created { run, .. } if run == "r1"),
+        );
+        let Some(Completion::Created { result: Err(e), .. }) = seen.last() else {
+            panic!("{seen:?}");
+        };
+        assert!(e.contains("heartbeat"), "{e}");
+        assert!(store.with(|i| !i.log.iter().any(|l| l == "create r1")));
+        // It lands again: the next create follows a heartbeat written for it, or one the
+        // recorder's own clock wrote less than TTL/3 before.
+        store.with(|i| i.fail_heartbeats = false);
+        r.send(Request::Create {
+            run: "r2".into(),
+            record: record("r2"),
+            env: vec![],
+        })
+        .unwrap();
+        let seen = collect_until(
+            &r,
+            "r2's create",
+            |c| matches!(c, Completion::Created { run, .. } if run == "r2"),
+        );
+        assert!(matches!(
+            seen.last(),
+            Some(Completion::Created { result: Ok(_), .. })
+        ));
+        let log = store.with(|i| i.log.clone());
+        let at = log.iter().position(|l| l == "create r2").unwrap();
+        assert_eq!(log[at - 1], "heartbeat", "{log:?}");
     }
 }

@@ -28,10 +28,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::liveness::{self, Observer, Seen, Verdict};
 use super::lockinfo::{self, LockInfo, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
-use super::Facts;
+use super::{Facts, RunState};
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -155,13 +156,35 @@ pub struct Recovery {
     /// The init's own recovery before a run (not `tfinit recover` by hand): it skips the records
     /// it already reported as needing a person.
     pub automatic: bool,
+    /// What the init has seen of other incarnations' heartbeats (empty for `tfinit recover`,
+    /// which watches them itself for one TTL before it can call any of them dead).
+    pub seen: Vec<Seen>,
 }
+
+/// How often a recovery re-reads a heartbeat it is watching.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
 
 impl Recovery {
     /// Recovers every record whose run is over (in `only` when given). Corrupt records are set
     /// aside with a warning (not in a dry run). Returns each record's outcome; an error when the
     /// state directory's recovery lock cannot be taken (a dry run takes none).
     pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
+        let mut observer = Observer::import(self.ttl, &self.seen, liveness::instant_of);
+        // Watching first, without the state directory's recovery lock: a pod that just came up
+        // watches another's heartbeat for a TTL before it can call it dead, and other pods'
+        // recoveries need not wait for that.
+        let listed: Vec<Record> = self
+            .store
+            .list()
+            .into_iter()
+            .filter_map(|f| match f {
+                Found::Record(_, r) if only.map_or(true, |d| Path::new(&r.workdir) == d) => {
+                    Some(*r)
+                }
+                _ => None,
+            })
+            .collect();
+        self.watch(&mut observer, &listed);
         // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
         let _lock = if self.dry_run {
             None
@@ -201,7 +224,7 @@ impl Recovery {
                     if only.is_some_and(|d| Path::new(&rec.workdir) != d) {
                         continue;
                     }
-                    let outcome = self.one(&path, &rec, &records);
+                    let outcome = self.one(&mut observer, &path, &rec, &records);
                     out.push((path, rec, outcome));
                 }
             }
@@ -209,8 +232,88 @@ impl Recovery {
         Ok(out)
     }
 
-    fn one(&self, path: &Path, rec: &Record, all: &[(PathBuf, Record)]) -> Outcome {
-        let Some(why_dead) = super::run_dead(&*self.store, &self.me, rec, self.ttl) else {
+    /// Watches the heartbeats of the owners of `records` until each is alive (changed) or dead
+    /// (unchanged for a TTL), or proven gone by the kernel. Says once what it waits for.
+    fn watch(&self, observer: &mut Observer, records: &[Record]) {
+        let mut owners: Vec<&Owner> = Vec::new();
+        for r in records {
+            if r.ended.is_none()
+                && !r.owner.same_incarnation(&self.me)
+                && !owners.iter().any(|o| o.same_incarnation(&r.owner))
+            {
+                owners.push(&r.owner);
+            }
+        }
+        let mut said = false;
+        loop {
+            let now = Instant::now();
+            let mut longest = Duration::ZERO;
+            for o in &owners {
+                if self.gone(o) {
+                    continue;
+                }
+                self.read_beat(observer, o);
+                if let Verdict::Watching { left } = observer.verdict(&o.key(), Instant::now()) {
+                    longest = longest.max(left);
+                    if !said {
+                        said = true;
+                        tracing::info!(
+                            owner = %o.name, incarnation = %o.incarnation(),
+                            ttl_seconds = self.ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
+                            "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for TFINIT_OWNER_TTL ({}) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
+                            left.as_secs_f64(), o.name, o.incarnation(), crate::config::fmt_duration(self.ttl)
+                        );
+                    }
+                }
+            }
+            if longest.is_zero() {
+                return;
+            }
+            std::thread::sleep(WATCH_EVERY.min(longest).saturating_sub(now.elapsed()));
+        }
+    }
+
+    /// One read of `owner`'s heartbeat, fed to `observer`.
+    fn read_beat(&self, observer: &mut Observer, owner: &Owner) {
+        let started = Instant::now();
+        let token = self.store.read_heartbeat(owner).map(|h| h.token());
+        observer.saw(&owner.key(), token, started, Instant::now());
+    }
+
+    /// Whether the kernel proves every process of `owner` gone (it ran on this kernel, said it
+    /// held its lock file, and the flock is free).
+    fn gone(&self, owner: &Owner) -> bool {
+        !owner.boot_id.is_empty()
+            && owner.boot_id == self.me.boot_id
+            && self
+                .store
+                .read_heartbeat(owner)
+                .is_some_and(|h| h.holds_lock)
+            && self.store.incarnation_gone(owner) == Some(true)
+    }
+
+    /// Whether `rec`'s run is over, with a fresh read of its owner's heartbeat.
+    fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
+        let facts = Facts::of(rec);
+        if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
+            return super::run_state(&self.me, &facts, false, Verdict::Alive);
+        }
+        let gone = self.gone(&rec.owner);
+        if !gone {
+            self.read_beat(observer, &rec.owner);
+        }
+        let verdict = observer.verdict(&rec.owner.key(), Instant::now());
+        super::run_state(&self.me, &facts, gone, verdict)
+    }
+
+    fn one(
+        &self,
+        observer: &mut Observer,
+        path: &Path,
+        rec: &Record,
+        all: &[(PathBuf, Record)],
+    ) -> Outcome {
+        let RunState::Over(why_dead) = self.state_now(observer, rec) else {
             return Outcome::OwnerAlive;
         };
         if self.automatic
@@ -233,7 +336,7 @@ impl Recovery {
                 Outcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
             }
             Some(b) if !lockinfo::probe_safe(b) => Outcome::Unsupported(b.to_string()),
-            Some(b) => self.probe_and_decide(b, path, rec, all),
+            Some(b) => self.probe_and_decide(observer, b, path, rec, all),
         };
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
@@ -361,6 +464,7 @@ impl Recovery {
 
     fn probe_and_decide(
         &self,
+        observer: &mut Observer,
         backend: &str,
         path: &Path,
         rec: &Record,
@@ -384,34 +488,7 @@ impl Recovery {
             Probe::Held(info) => (info, false),
             Probe::HeldStateMissing(info) => (info, true),
         };
-        let skew = CLOCK_SKEW.as_millis() as u64;
-        let window = Window {
-            not_before_ms: rec.started_ms.saturating_sub(skew),
-            not_after_ms: super::last_alive_ms(&*self.store, &self.me, rec, self.ttl)
-                .saturating_add(skew),
-            live_same_who: all
-                .iter()
-                .filter(|(p, r)| {
-                    p != path
-                        && r.workdir == rec.workdir
-                        && r.workspace == rec.workspace
-                        && r.who == info.who
-                        && super::run_dead(&*self.store, &self.me, r, self.ttl).is_none()
-                })
-                .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name))
-                .next()
-                .or_else(|| {
-                    self.live
-                        .iter()
-                        .find(|l| {
-                            l.workdir == Path::new(&rec.workdir)
-                                && l.workspace == rec.workspace
-                                && l.who == info.who
-                        })
-                        .map(|_| format!("a run of {} in this init", self.me.name))
-                }),
-        };
-        match decide(rec, &info, &window) {
+        match decide(rec, &info, &self.window(observer, path, rec, &info, all)) {
             Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
             Decision::Unlock => {}
@@ -425,6 +502,27 @@ impl Recovery {
         if self.dry_run {
             return Outcome::Unlocked(info);
         }
+        // Right before the unlock, everything again from the volume: the owner's heartbeat (a
+        // beat since the probe makes it alive) and the records (a run that started here since,
+        // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
+        // nothing launches in this directory while its recovery runs.
+        if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
+            return Outcome::OwnerAlive;
+        }
+        let fresh: Vec<(PathBuf, Record)> = self
+            .store
+            .list()
+            .into_iter()
+            .filter_map(|f| match f {
+                Found::Record(p, r) => Some((p, *r)),
+                _ => None,
+            })
+            .collect();
+        match decide(rec, &info, &self.window(observer, path, rec, &info, &fresh)) {
+            Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
+            Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
+            Decision::Unlock => {}
+        }
         match run_terraform(
             &self.terraform,
             workdir,
@@ -434,6 +532,47 @@ impl Recovery {
             Ok((true, _)) => Outcome::Unlocked(info),
             Ok((false, output)) => Outcome::UnlockFailed(lockinfo::first_line(&output)),
             Err(e) => Outcome::UnlockFailed(e),
+        }
+    }
+}
+
+impl Recovery {
+    /// What the state directory proves about when the dead run of `rec` could have taken the
+    /// lock `info`, and whether a run that may be alive here would write the same Who.
+    fn window(
+        &self,
+        observer: &mut Observer,
+        path: &Path,
+        rec: &Record,
+        info: &LockInfo,
+        all: &[(PathBuf, Record)],
+    ) -> Window {
+        let skew = CLOCK_SKEW.as_millis() as u64;
+        let hb = self.store.read_heartbeat(&rec.owner);
+        let twin = all
+            .iter()
+            .filter(|(p, r)| {
+                p != path
+                    && r.workdir == rec.workdir
+                    && r.workspace == rec.workspace
+                    && r.who == info.who
+            })
+            .find(|(_, r)| !matches!(self.state_now(observer, r), RunState::Over(_)))
+            .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name));
+        Window {
+            not_before_ms: rec.started_ms.saturating_sub(skew),
+            not_after_ms: super::last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
+                .saturating_add(skew),
+            live_same_who: twin.or_else(|| {
+                self.live
+                    .iter()
+                    .find(|l| {
+                        l.workdir == Path::new(&rec.workdir)
+                            && l.workspace == rec.workspace
+                            && l.who == info.who
+                    })
+                    .map(|_| format!("a run of {} in this init", self.me.name))
+            }),
         }
     }
 }
@@ -625,16 +764,6 @@ fn run_terraform(
     ))
 }
 
-/// The identity `tfinit recover` acts as: the live init of this container when its heartbeat is
-/// fresh (its running records are then left alone), else a new identity of our owner name (so
-/// records of an earlier incarnation count as dead).
-pub fn current_owner(store: &dyn Store, name: &str, ttl: Duration) -> Owner {
-    match store.read_heartbeat(name) {
-        Some(hb) if record::age(hb.updated_ms) <= ttl => hb.owner,
-        _ => Owner::current(name, None),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,50 +901,38 @@ mod tests {
     }
 
     #[test]
-    fn last_alive_comes_from_heartbeat_restart_or_end() {
-        let dir = std::env::temp_dir().join(format!("tfinit-recover-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let store = store::FileStore::new(&dir);
-        store.prepare().unwrap();
+    fn last_alive_comes_from_the_owners_own_stamps_or_its_end() {
         let ttl = Duration::from_secs(30);
-        let me = Owner::current("pod-b", None);
-        // A run that started ten minutes ago.
-        let t0 = record::now_ms() - 600_000;
+        let t0 = T0 - 600_000;
         let mut r = rec();
-        r.owner.started_ms = t0 - 60_000;
         r.started_ms = t0;
         r.updated_ms = t0;
+        let facts = Facts::of(&r);
         // No heartbeat: only the record's last write, plus one TTL.
+        assert_eq!(crate::locks::last_alive_ms(&facts, None, ttl), t0 + 30_000);
+        // Its own heartbeat: the last beat plus one TTL.
+        let hb = record::Heartbeat {
+            v: record::HEARTBEAT_FORMAT,
+            owner: r.owner.clone(),
+            seq: 4,
+            updated_ms: t0 + 20_000,
+            holds_lock: true,
+        };
         assert_eq!(
-            crate::locks::last_alive_ms(&store, &me, &r, ttl),
+            crate::locks::last_alive_ms(&facts, Some(&hb), ttl),
+            t0 + 50_000
+        );
+        // Another incarnation's heartbeat says nothing about this one.
+        let other = record::Heartbeat {
+            owner: Owner {
+                started_ms: t0 + 5_000,
+                ..r.owner.clone()
+            },
+            ..hb.clone()
+        };
+        assert_eq!(
+            crate::locks::last_alive_ms(&facts, Some(&other), ttl),
             t0 + 30_000
-        );
-        // Its heartbeat: the last beat plus one TTL.
-        store.write_heartbeat(&r.owner).unwrap();
-        let hb = store.read_heartbeat("pod-a").unwrap();
-        assert_eq!(
-            crate::locks::last_alive_ms(&store, &me, &r, ttl),
-            hb.updated_ms + 30_000
-        );
-        // Replaced by a later incarnation: it was gone when that one started.
-        let later = Owner {
-            started_ms: t0 + 5_000,
-            ..r.owner.clone()
-        };
-        store.write_heartbeat(&later).unwrap();
-        assert_eq!(
-            crate::locks::last_alive_ms(&store, &me, &r, ttl),
-            t0 + 5_000
-        );
-        // An earlier incarnation of ourselves: gone before we started.
-        let me_again = Owner {
-            started_ms: t0 + 7_000,
-            ..r.owner.clone()
-        };
-        assert_eq!(
-            crate::locks::last_alive_ms(&store, &me_again, &r, ttl),
-            t0 + 7_000
         );
         // Seen dying: exactly then.
         let mut ended = r.clone();
@@ -824,9 +941,8 @@ mod tests {
             how: "killed by SIGKILL".into(),
         });
         assert_eq!(
-            crate::locks::last_alive_ms(&store, &me, &ended, ttl),
+            crate::locks::last_alive_ms(&Facts::of(&ended), Some(&hb), ttl),
             t0 + 900
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

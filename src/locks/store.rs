@@ -18,7 +18,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use super::record::{age, now_ms, parse_record, Found, Heartbeat, Owner, Record, FORMAT, MAX_FILE};
+use super::record::{
+    age, now_ms, parse_record, Found, Heartbeat, Owner, Record, FORMAT, HEARTBEAT_FORMAT, MAX_FILE,
+};
 
 /// Why a record is set aside (renamed so no recovery reads it again).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,15 +66,37 @@ pub trait Store: Send {
     /// Sets a record aside so no recovery reads it again; returns its new id.
     fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf>;
 
-    /// Reads an owner's heartbeat; None when missing or unreadable.
-    fn read_heartbeat(&self, name: &str) -> Option<Heartbeat>;
+    /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
+    /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
+    /// when missing or unreadable.
+    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat>;
 
-    /// Refreshes `owner`'s heartbeat.
-    fn write_heartbeat(&self, owner: &Owner) -> io::Result<()>;
+    /// The heartbeats of every incarnation named `name` (to tell that two live inits share it).
+    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat>;
 
-    /// Removes heartbeats of owners that have no record in `records` and have been silent for
-    /// longer than `older_than` (pods of a Deployment come and go under new names).
+    /// Writes `hb`, its incarnation's heartbeat.
+    fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()>;
+
+    /// Removes heartbeats (and incarnation lock files) of incarnations that have no record in
+    /// `records` and whose heartbeat says it was last written longer than `older_than` ago by
+    /// this node's clock: cleaning only (pods of a Deployment come and go under new names), never
+    /// a liveness decision, since an incarnation with no record has no lock to lose.
     fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration);
+
+    /// Takes this incarnation's lock file (`owners/<name>.<incarnation>.lock`) with an exclusive
+    /// flock, kept for the life of the process, and returns a descriptor of it (close-on-exec)
+    /// that every terraform run inherits: the kernel frees the flock only once the last process
+    /// holding the descriptor is gone. None when the state directory is not on a local
+    /// filesystem: there a free flock proves nothing, and a descriptor every terraform holds
+    /// would make each one's exit wait on the volume (FUSE and NFS talk to their server when a
+    /// descriptor is closed).
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>>;
+
+    /// Whether the kernel proves every process of `owner` gone: its lock file is on a local
+    /// filesystem of this kernel and its flock is free. Some(false): it is held (alive); None:
+    /// nothing proven (network filesystem, no lock file, an error). The caller checks that the
+    /// incarnation ran on this kernel (boot id) and that its heartbeat says it held the lock.
+    fn incarnation_gone(&self, owner: &Owner) -> Option<bool>;
 
     /// Takes the exclusive right to recover in this store, waiting up to `wait` for another
     /// recovery (another pod's, or a `tfinit recover`) to finish.
@@ -122,6 +146,12 @@ impl FileStore {
 
     fn owners_dir(&self) -> PathBuf {
         self.dir.join("owners")
+    }
+
+    /// The lock file every process of incarnation `owner` holds.
+    fn lock_path(&self, owner: &Owner) -> PathBuf {
+        self.owners_dir()
+            .join(format!("{}.{}.lock", owner.name, owner.incarnation()))
     }
 
     /// Where `record` is stored.
@@ -255,24 +285,54 @@ impl Store for FileStore {
         Ok(aside)
     }
 
-    fn read_heartbeat(&self, name: &str) -> Option<Heartbeat> {
-        if !crate::config::valid_owner(name) {
+    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+        if !crate::config::valid_owner(&owner.name) {
             return None;
         }
-        let bytes = read_limited(&self.owners_dir().join(format!("{name}.json"))).ok()?;
-        let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
-        (hb.v == FORMAT && hb.owner.name == name).then_some(hb)
+        let read = |file: String| -> Option<Heartbeat> {
+            let bytes = read_limited(&self.owners_dir().join(file)).ok()?;
+            serde_json::from_slice::<Heartbeat>(&bytes).ok()
+        };
+        let own = read(format!("{}.{}.json", owner.name, owner.incarnation()))
+            .filter(|hb| hb.v == HEARTBEAT_FORMAT && hb.owner.same_incarnation(owner));
+        own.or_else(|| {
+            read(format!("{}.json", owner.name))
+                .filter(|hb| hb.v == 1 && hb.owner.same_incarnation(owner))
+        })
     }
 
-    fn write_heartbeat(&self, owner: &Owner) -> io::Result<()> {
-        let hb = Heartbeat {
-            v: FORMAT,
-            owner: owner.clone(),
-            updated_ms: now_ms(),
+    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return Vec::new();
         };
+        let prefix = format!("{name}.");
+        let mut out: Vec<Heartbeat> = rd
+            .flatten()
+            .filter_map(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let rest = file.strip_prefix(&prefix)?.strip_suffix(".json")?;
+                // `<name>.<incarnation>.json`; a longer name that starts with ours has more dots.
+                if rest.is_empty() || rest.contains('.') {
+                    return None;
+                }
+                let bytes = read_limited(&e.path()).ok()?;
+                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
+                (hb.v == HEARTBEAT_FORMAT
+                    && hb.owner.name == name
+                    && hb.owner.incarnation() == rest)
+                    .then_some(hb)
+            })
+            .collect();
+        out.sort_by_key(|hb| hb.owner.incarnation());
+        out
+    }
+
+    fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
         atomic_write(
-            &self.owners_dir().join(format!("{}.json", owner.name)),
-            &to_json(&hb),
+            &self
+                .owners_dir()
+                .join(format!("{}.{}.json", hb.owner.name, hb.owner.incarnation())),
+            &to_json(hb),
         )
     }
 
@@ -281,18 +341,66 @@ impl Store for FileStore {
             return;
         };
         for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            let Some(owner) = name.strip_suffix(".json") else {
+            let file = e.file_name().to_string_lossy().to_string();
+            if file.starts_with('.') || !file.ends_with(".json") {
+                continue;
+            }
+            let Ok(bytes) = read_limited(&e.path()) else {
                 continue;
             };
-            if owner == me.name || records.iter().any(|r| r.owner.name == owner) {
+            let Ok(hb) = serde_json::from_slice::<Heartbeat>(&bytes) else {
+                continue;
+            };
+            if hb.owner.same_incarnation(me)
+                || records.iter().any(|r| r.owner.same_incarnation(&hb.owner))
+                || age(hb.updated_ms) <= older_than
+            {
                 continue;
             }
-            if let Some(hb) = self.read_heartbeat(owner) {
-                if age(hb.updated_ms) > older_than {
-                    let _ = fs::remove_file(e.path());
+            // The lock file goes first, and only when no process holds it.
+            if hb.v == HEARTBEAT_FORMAT {
+                let lock = self.lock_path(&hb.owner);
+                if lock.exists() && self.incarnation_gone(&hb.owner) != Some(true) {
+                    continue;
                 }
+                let _ = fs::remove_file(&lock);
             }
+            let _ = fs::remove_file(e.path());
+        }
+    }
+
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>> {
+        use std::os::fd::AsFd;
+        if !fs::File::open(self.owners_dir()).is_ok_and(|d| local_filesystem(&d)) {
+            return Ok(None);
+        }
+        let path = self.lock_path(me);
+        let file = open_regular(&path, true)?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            io::Error::other(format!(
+                "cannot flock {}: {e} (another process holds this incarnation's lock file?)",
+                path.display()
+            ))
+        })?;
+        let fd = lock.as_fd().try_clone_to_owned()?;
+        // Never unlocked: the flock must last until the last process holding `fd` (this init
+        // and every terraform run it started) is gone, and the kernel frees it then. Dropping
+        // the Flock would unlock it for every holder at once.
+        std::mem::forget(lock);
+        Ok(Some(fd))
+    }
+
+    fn incarnation_gone(&self, owner: &Owner) -> Option<bool> {
+        let path = self.lock_path(owner);
+        let file = open_regular(&path, false).ok()?;
+        if !local_filesystem(&file) {
+            return None;
+        }
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            // Dropped at once: unlocked, and nothing of that incarnation can take it again.
+            Ok(_free) => Some(true),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(false),
+            Err(_) => None,
         }
     }
 
@@ -324,6 +432,47 @@ impl Store for FileStore {
             }
         }
     }
+}
+
+/// Opens a file of the state directory for reading and locking without following a symbolic link
+/// or blocking on a FIFO, and accepts a regular file only (a FIFO or device there would hang
+/// storage for good). `create` creates a missing one (mode 0600).
+fn open_regular(path: &Path, create: bool) -> io::Result<fs::File> {
+    let mut opts = fs::OpenOptions::new();
+    opts.read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    if create {
+        opts.write(true).create(true).truncate(false).mode(0o600);
+    }
+    let file = opts.open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file ({kind:?}): remove it",
+            path.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// Whether `file` is on a filesystem whose flocks live in this kernel alone (so a free flock
+/// proves its holders gone): ext2/3/4, xfs, btrfs, tmpfs, overlayfs. Not NFS, CIFS, Ceph or FUSE,
+/// whose locks a server keeps or emulates per process.
+fn local_filesystem(file: &fs::File) -> bool {
+    use nix::sys::statfs::{
+        fstatfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC,
+        XFS_SUPER_MAGIC,
+    };
+    fstatfs(file).is_ok_and(|s| {
+        [
+            EXT4_SUPER_MAGIC,
+            XFS_SUPER_MAGIC,
+            BTRFS_SUPER_MAGIC,
+            TMPFS_MAGIC,
+            OVERLAYFS_SUPER_MAGIC,
+        ]
+        .contains(&s.filesystem_type())
+    })
 }
 
 fn found_path(f: &Found) -> &Path {
@@ -499,13 +648,23 @@ mod tests {
         assert!(dir.join("records/next.json").exists());
         store.remove(&path).unwrap();
         store.remove(&path).unwrap();
-        store.write_heartbeat(&owner).unwrap();
+        store.write_heartbeat(&beat(&owner, 1, now_ms())).unwrap();
         assert!(store
-            .read_heartbeat("pod-a")
+            .read_heartbeat(&owner)
             .unwrap()
             .owner
             .same_incarnation(&owner));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn beat(owner: &Owner, seq: u64, updated_ms: u64) -> Heartbeat {
+        Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: owner.clone(),
+            seq,
+            updated_ms,
+            holds_lock: true,
+        }
     }
 
     #[test]
@@ -525,37 +684,131 @@ mod tests {
         let (dir, store) = temp_store("prune");
         let me = Owner::current("pod-me", None);
         let old = |name: &str| {
-            let hb = Heartbeat {
-                v: FORMAT,
-                owner: Owner::current(name, None),
-                updated_ms: now_ms() - 3_600_000,
-            };
-            atomic_write(&dir.join(format!("owners/{name}.json")), &to_json(&hb)).unwrap();
+            let o = Owner::current(name, None);
+            store
+                .write_heartbeat(&beat(&o, 3, now_ms() - 3_600_000))
+                .unwrap();
+            o
         };
-        old("gone");
-        old("with-record");
-        old("pod-me");
+        let gone = old("gone");
+        let with_record = old("with-record");
+        let me_old = Owner { ..me.clone() };
         store
-            .write_heartbeat(&Owner::current("fresh", None))
+            .write_heartbeat(&beat(&me_old, 1, now_ms() - 3_600_000))
             .unwrap();
-        let mut r = sample(&Owner::current("with-record", None));
-        r.owner.name = "with-record".into();
+        let fresh = Owner::current("fresh", None);
+        store.write_heartbeat(&beat(&fresh, 1, now_ms())).unwrap();
+        let r = sample(&with_record);
         store.prune_heartbeats(&[r], &me, Duration::from_secs(60));
-        assert!(store.read_heartbeat("gone").is_none());
-        for kept in ["with-record", "pod-me", "fresh"] {
-            assert!(store.read_heartbeat(kept).is_some(), "{kept}");
+        assert!(store.read_heartbeat(&gone).is_none());
+        for kept in [&with_record, &me, &fresh] {
+            assert!(store.read_heartbeat(kept).is_some(), "{kept:?}");
         }
         fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn a_heartbeat_file_under_another_name_is_ignored() {
+    fn each_incarnation_has_its_own_heartbeat_and_a_first_format_one_is_read_for_its_own() {
         let (dir, store) = temp_store("hbname");
-        let other = Owner::current("pod-b", None);
-        store.write_heartbeat(&other).unwrap();
-        fs::copy(dir.join("owners/pod-b.json"), dir.join("owners/pod-a.json")).unwrap();
-        assert!(store.read_heartbeat("pod-a").is_none());
-        assert!(store.read_heartbeat("../pod-b").is_none());
+        let a1 = Owner::current("pod-a", None);
+        let a2 = Owner {
+            started_ms: a1.started_ms + 1,
+            ..a1.clone()
+        };
+        store.write_heartbeat(&beat(&a1, 5, 1)).unwrap();
+        store.write_heartbeat(&beat(&a2, 7, 2)).unwrap();
+        assert_eq!(store.read_heartbeat(&a1).unwrap().seq, 5);
+        assert_eq!(store.read_heartbeat(&a2).unwrap().seq, 7);
+        assert_eq!(store.heartbeats_named("pod-a").len(), 2);
+        assert!(store.heartbeats_named("pod").is_empty(), "no prefix match");
+        // A file copied under another incarnation's name is not that incarnation's.
+        let a3 = Owner {
+            started_ms: a1.started_ms + 2,
+            ..a1.clone()
+        };
+        fs::copy(
+            dir.join(format!("owners/pod-a.{}.json", a1.incarnation())),
+            dir.join(format!("owners/pod-a.{}.json", a3.incarnation())),
+        )
+        .unwrap();
+        assert!(store.read_heartbeat(&a3).is_none());
+        // The shared file of the first format counts only for the incarnation it names.
+        let legacy = Heartbeat {
+            v: 1,
+            seq: 0,
+            holds_lock: false,
+            ..beat(&a3, 0, 9)
+        };
+        atomic_write(&dir.join("owners/pod-a.json"), &to_json(&legacy)).unwrap();
+        assert_eq!(store.read_heartbeat(&a3).unwrap().updated_ms, 9);
+        let bad_name = Owner {
+            name: "../pod-b".into(),
+            ..a1.clone()
+        };
+        assert!(store.read_heartbeat(&bad_name).is_none());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `flock(1)` holding `lock` around `script` (whose background children inherit it).
+    fn flock_holder(lock: &Path, script: &str) -> std::process::Child {
+        std::process::Command::new("flock")
+            .arg("-x")
+            .arg(lock)
+            .args(["sh", "-c", script])
+            .spawn()
+            .expect("flock(1) from util-linux")
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn the_kernel_proves_an_incarnation_gone_only_when_its_last_process_is() {
+        let (dir, store) = temp_store("gone");
+        if !local_filesystem(&fs::File::open(&dir).unwrap()) {
+            eprintln!("SKIP: {} is not on a local filesystem", dir.display());
+            return;
+        }
+        let a = Owner::current("pod-a", None);
+        assert_eq!(
+            store.incarnation_gone(&a),
+            None,
+            "no lock file: nothing proven"
+        );
+        let lock = store.lock_path(&a);
+        fs::write(&lock, b"").unwrap();
+        // The holder exits at once, but a background child it started inherits the lock and
+        // lives on: like an init that died while one of its terraform runs had not.
+        let marker = dir.join("child-done");
+        let mut holder = flock_holder(
+            &lock,
+            &format!("(sleep 1; touch {}) & exit 0", marker.display()),
+        );
+        holder.wait().unwrap();
+        assert_eq!(
+            store.incarnation_gone(&a),
+            Some(false),
+            "its child holds it"
+        );
+        wait_until("the child to finish", || marker.exists());
+        wait_until("the flock to be free", || {
+            store.incarnation_gone(&a) == Some(true)
+        });
+        // Our own lock: held for the life of this process.
+        let me = Owner {
+            started_ms: a.started_ms + 1,
+            ..a.clone()
+        };
+        let _fd = store
+            .hold_incarnation_lock(&me)
+            .unwrap()
+            .expect("a local filesystem");
+        assert_eq!(store.incarnation_gone(&me), Some(false));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

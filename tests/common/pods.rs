@@ -189,9 +189,28 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// Starts a pod in `w`'s working directory.
+    /// Starts a pod in `w`'s working directory, on this node (the kernel's own boot id).
     pub fn start(w: &Place, spec: PodSpec) -> Pod {
+        Pod::start_on(w, spec, None)
+    }
+
+    /// Starts a pod as if on another node: `boot_id` replaces the kernel's boot id inside the
+    /// pod (a bind mount in its mount namespace), so no kernel proof about the processes of a
+    /// pod of this node applies to it, and it must watch heartbeats as a pod elsewhere would.
+    pub fn start_on_other_node(w: &Place, spec: PodSpec, boot_id: &str) -> Pod {
+        Pod::start_on(w, spec, Some(boot_id))
+    }
+
+    fn start_on(w: &Place, spec: PodSpec, boot_id: Option<&str>) -> Pod {
         let log = w.tmp.0.join(format!("{}-{}.log", spec.name, now_ms()));
+        let prelude = boot_id.map(|id| {
+            let file = w.tmp.0.join(format!("boot_id-{}-{}", spec.name, now_ms()));
+            fs::write(&file, format!("{id}\n")).unwrap();
+            format!(
+                "mount --bind {} /proc/sys/kernel/random/boot_id",
+                file.display()
+            )
+        });
         let run_dir = w.tmp.0.join(format!("run-{}-{}", spec.name, now_ms()));
         let l = Launch {
             hostname: Some(spec.name.to_string()),
@@ -206,6 +225,7 @@ impl Pod {
             stderr: Out::File(log.clone()),
             // The pod dies with the test, also when the test thread dies without unwinding.
             die_with_test: true,
+            prelude,
             ..Launch::new(
                 As::Pid1,
                 Config::default()
@@ -315,11 +335,28 @@ pub fn attempts(out: &Path) -> Vec<Attempt> {
         .collect()
 }
 
-/// When `owner` last refreshed its heartbeat, ms since the epoch.
+/// The heartbeat file of `owner`'s latest incarnation (`owners/<owner>.<incarnation>.json`: one
+/// per incarnation), if one was written.
+pub fn heartbeat_file(state: &Path, owner: &str) -> Option<PathBuf> {
+    let prefix = format!("{owner}.");
+    fs::read_dir(state.join("owners"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let inc = name.strip_prefix(&prefix)?.strip_suffix(".json")?;
+            // `<8 hex>-<started ms>-<pid>`: the latest incarnation started last.
+            let started: u64 = inc.split('-').nth(1)?.parse().ok()?;
+            (!inc.contains('.')).then_some((started, e.path()))
+        })
+        .max()
+        .map(|(_, p)| p)
+}
+
+/// When `owner`'s latest incarnation last refreshed its heartbeat, ms since the epoch.
 pub fn heartbeat_ms(state: &Path, owner: &str) -> u64 {
-    let hb: Value =
-        serde_json::from_slice(&fs::read(state.join(format!("owners/{owner}.json"))).unwrap())
-            .unwrap();
+    let file = heartbeat_file(state, owner).expect("a heartbeat file of the owner");
+    let hb: Value = serde_json::from_slice(&fs::read(file).unwrap()).unwrap();
     hb["updated_ms"].as_u64().unwrap()
 }
 

@@ -8,6 +8,8 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use crate::cli::InitArgs;
+// The longest owner name follows from the names the store gives its files: computed there.
+use crate::locks::store::MAX_OWNER_LEN;
 use crate::signals::{self, Rewrites};
 use crate::sys::SigNo;
 
@@ -433,18 +435,23 @@ impl InitConfig {
             PathBuf::from(DEFAULT_STATE_DIR),
             DEFAULT_STATE_DIR,
         )?;
-        let owner = match args.owner.as_deref() {
-            None => hostname(),
-            Some(v) if valid_owner(v) => v.to_string(),
-            Some(v) => {
-                return Err(bad(
-                    n.name("owner", "TFINIT_OWNER", "owner"),
-                    v,
-                    "must be 1 to 253 characters of letters, digits, '.', '-' or '_'",
-                    "provider-terraform-7d9f-abcde",
-                ))
-            }
+        // The default is checked like a given value: it becomes file names just the same.
+        let (owner, owner_source) = match args.owner.as_deref() {
+            None => (hostname(), "TFINIT_OWNER".to_string()),
+            Some(v) => (v.to_string(), n.name("owner", "TFINIT_OWNER", "owner")),
         };
+        if let Some(problem) = owner_problem(&owner) {
+            let problem = match args.owner {
+                None => format!("{problem} (the default, the hostname: set TFINIT_OWNER)"),
+                Some(_) => problem,
+            };
+            return Err(bad(
+                owner_source,
+                &owner,
+                &problem,
+                "provider-terraform-7d9f-abcde",
+            ));
+        }
         let owner_ttl = duration_setting(
             &n,
             args.owner_ttl.as_deref(),
@@ -528,7 +535,26 @@ impl InitArgs {
     }
 }
 
-/// Whether `s` can name an owner (it becomes part of file names in the state directory).
+/// What is wrong with `s` as this init's owner name, if anything: it must be a [`valid_owner`]
+/// and at most [`MAX_OWNER_LEN`] bytes, so that every file name tfinit makes of it fits in the
+/// 255 bytes a file system takes.
+pub fn owner_problem(s: &str) -> Option<String> {
+    if s.len() > MAX_OWNER_LEN {
+        return Some(format!(
+            "is {} bytes long; an owner name may have at most {MAX_OWNER_LEN}, so that the names of its files in TFINIT_STATE_DIR fit in 255 bytes",
+            s.len()
+        ));
+    }
+    (!valid_owner(s)).then(|| {
+        format!(
+            "must be 1 to {MAX_OWNER_LEN} characters of letters, digits, '.', '-' or '_', not starting with '.'"
+        )
+    })
+}
+
+/// Whether `s` can name an owner in a record or heartbeat read back (it is part of file names in
+/// the state directory). Up to 253 bytes, as any tfinit accepted before [`MAX_OWNER_LEN`]: a
+/// record is not corrupt for a name this init would refuse at start.
 pub fn valid_owner(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
@@ -671,5 +697,31 @@ mod tests {
         assert!(!valid_owner(""));
         assert!(!valid_owner("../x"));
         assert!(!valid_owner("a/b"));
+    }
+
+    #[test]
+    fn an_owner_name_longer_than_its_files_allow_is_refused_with_its_length_and_the_maximum() {
+        let longest = "p".repeat(MAX_OWNER_LEN);
+        let with = |owner: &str| InitArgs {
+            owner: Some(owner.to_string()),
+            ..Default::default()
+        };
+        let cfg = InitConfig::from_args(&with(&longest), None).unwrap();
+        assert_eq!(cfg.owner, longest);
+        let too_long = format!("{longest}p");
+        let e = InitConfig::from_args(&with(&too_long), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("TFINIT_OWNER={too_long:?}")), "{e}");
+        assert!(
+            e.contains("is 119 bytes long") && e.contains("at most 118"),
+            "{e}"
+        );
+        assert!(
+            e.contains("for example TFINIT_OWNER=provider-terraform"),
+            "{e}"
+        );
+        // A record of an older tfinit's longer name still reads (it is not corrupt).
+        assert!(valid_owner(&"p".repeat(253)));
     }
 }

@@ -1,7 +1,7 @@
 //! An unusable state dir or socket path is named in a warning and runs still work.
 //!
 //! Bad input to a running init (tfinit as PID 1 of a PID namespace, as in a container): a state
-//! directory that is a file, read-only or on a full disk; a regular file where the control socket
+//! directory that is a file, read-only or on a full disk, or holds FIFOs where files go; a regular file where the control socket
 //! goes; peers sending a gibibyte of garbage; terraform printing a gibibyte without a newline;
 //! a thousand shims connecting at once. Each time the init must keep working (a normal run
 //! through the shim succeeds afterwards and the init exits cleanly), and its messages must name
@@ -16,6 +16,7 @@ mod helper_init;
 use common::{read, TempDir};
 use helper_init::*;
 use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_state_dir_that_is_a_file_is_named_in_a_warning_and_runs_still_work() {
@@ -190,4 +191,96 @@ fn a_regular_file_at_the_socket_path_is_kept_and_named_and_shims_run_terraform_d
     init.stop_cleanly();
     assert_eq!(read(&sock), "somebody's file\n");
     assert!(std::fs::symlink_metadata(&sock).unwrap().is_file());
+}
+
+#[test]
+fn fifos_in_records_and_as_recover_lock_are_named_in_warnings_and_never_hold_up_a_run() {
+    if !root() {
+        return;
+    }
+    // Much less than TFINIT_RECORD_TIMEOUT below: a run that starts only because its wait for
+    // the record ran out is a failure.
+    const DEADLINE: Duration = Duration::from_secs(10);
+    let tmp = TempDir::new("bad-state-fifo");
+    let state = tmp.join("state");
+    let records = state.join("records");
+    std::fs::create_dir_all(&records).unwrap();
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+    // Opening either for reading (or writing) without O_NONBLOCK waits for good for the other end.
+    let fifo = records.join("stuck.json");
+    nix::unistd::mkfifo(&fifo, mode).unwrap();
+    let lock = state.join("recover.lock");
+    nix::unistd::mkfifo(&lock, mode).unwrap();
+    // A dead run's record in the run's working directory, so the run's lock check takes
+    // recover.lock first.
+    let work = tmp.join("work");
+    let dead = serde_json::json!({
+        "v": 1,
+        "owner": {"name": "pod-gone", "boot_id": "b", "started_ms": 1, "pid": 1},
+        "who": "@pod-gone", "run_id": "r1", "cwd": work, "workdir": work,
+        "subcommand": "apply", "argv": ["apply"], "started_ms": 2, "updated_ms": 2,
+    });
+    std::fs::write(
+        records.join("pod-gone.b-1-1.r1.json"),
+        serde_json::to_vec(&dead).unwrap(),
+    )
+    .unwrap();
+
+    let init = Init::start(
+        &tmp,
+        Setup {
+            state_dir: Some(&state),
+            env: &[
+                ("TFINIT_RECORD_TIMEOUT", "60s"),
+                ("TFINIT_FORCE_UNLOCK", "auto"),
+            ],
+            ..Setup::default()
+        },
+    );
+    let started = Instant::now();
+    let log = tmp.join("fake.log");
+    let out = common::run_output(
+        &mut init.shim(
+            &["apply", "-auto-approve"],
+            &[
+                ("FAKE_TF_ECHO", "1"),
+                ("FAKE_TF_EXIT", "0"),
+                ("FAKE_TF_LOG", log.to_str().unwrap()),
+            ],
+        ),
+        DEADLINE,
+    );
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{}", init.stderr());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "args: apply -auto-approve\n"
+    );
+    assert!(took < DEADLINE, "the run took {took:?}");
+    assert!(!stderr.contains("directly"), "the shim fell back: {stderr}");
+
+    let line = init.log_line(&["not a regular file", fifo.to_str().unwrap()]);
+    assert!(
+        line.contains("a FIFO") && line.contains("remove it"),
+        "{line}"
+    );
+    let line = init.log_line(&["recover.lock", "without the lock check"]);
+    assert!(
+        line.contains(lock.to_str().unwrap())
+            && line.contains("a FIFO")
+            && line.contains("remove it"),
+        "{line}"
+    );
+    let log = init.stop_cleanly();
+    assert!(!log.contains("renamed aside"), "{log}");
+    // Both are left for a person: neither moved nor replaced.
+    for f in [&fifo, &lock] {
+        let t = std::fs::symlink_metadata(f).unwrap().file_type();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_fifo(&t),
+            "{} is no longer the FIFO",
+            f.display()
+        );
+    }
 }

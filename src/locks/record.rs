@@ -1,6 +1,7 @@
 //! Lock-owner records and heartbeats: what they hold and how they are checked (format documented
 //! in docs/records.md). Where they are stored is `locks::store`.
 
+use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,8 +21,21 @@ pub const OLDEST_FORMAT: u32 = 1;
 /// Format version of heartbeats (`owners/<name>.<incarnation>.json`).
 pub const HEARTBEAT_FORMAT: u32 = 2;
 
-/// Largest record or heartbeat file read; anything bigger is not ours.
+/// Largest record or heartbeat file read; anything bigger is not ours (this tfinit caps what it
+/// writes far below: [`Record::fitted`]).
 pub(super) const MAX_FILE: u64 = 1 << 20;
+
+/// Most bytes `argv`, and separately `in_progress`, take in a record file (as JSON, pretty
+/// printed). The rest of a record is a few kilobytes at most (paths, names), so a record stays far
+/// below [`MAX_FILE`] whatever terraform was given: a `terraform state rm` of 25,000 addresses,
+/// an apply with 30,000 resources in flight.
+pub const LIST_BUDGET: usize = 128 * 1024;
+
+/// How the marker entry starts that stands for the entries a list could not keep: `… 24812 more
+/// arguments not recorded`. No resource address starts with it (an address starts with a letter:
+/// a type, `data.` or `module.`), and nothing in a recovery reads `argv` or `in_progress` but to
+/// print them.
+pub const OMITTED_MARK: &str = "\u{2026} ";
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -147,6 +161,61 @@ pub struct Record {
     pub needs_person: Option<NeedsPerson>,
 }
 
+impl Record {
+    /// This record as it is written: `argv` and `in_progress` each keep the longest prefix that
+    /// fits in [`LIST_BUDGET`], and a last marker entry ([`OMITTED_MARK`]) counts what they
+    /// dropped. `FileStore::write` writes nothing else, so no record is ever too large to be read
+    /// back (a record read as corrupt would be set aside while its owner lives).
+    pub fn fitted(&self) -> Cow<'_, Record> {
+        let argv = fit(&self.argv, "arguments");
+        let in_progress = fit(&self.in_progress, "resources in progress");
+        if argv.is_none() && in_progress.is_none() {
+            return Cow::Borrowed(self);
+        }
+        // Only a record over the budget is copied: a rare, large one.
+        let mut fitted = self.clone();
+        if let Some(a) = argv {
+            fitted.argv = a;
+        }
+        if let Some(p) = in_progress {
+            fitted.in_progress = p;
+        }
+        Cow::Owned(fitted)
+    }
+}
+
+/// `list` cut to fit in [`LIST_BUDGET`] with a marker entry counting the rest (`what`: `arguments`),
+/// or None when it fits whole.
+fn fit(list: &[String], what: &str) -> Option<Vec<String>> {
+    // Room left for the marker itself when the list is cut.
+    const MARKER_ROOM: usize = 128;
+    let mut used = 0;
+    let mut cut_at = None;
+    for (i, entry) in list.iter().enumerate() {
+        used += json_len(entry);
+        if cut_at.is_none() && used > LIST_BUDGET - MARKER_ROOM {
+            cut_at = Some(i);
+        }
+        if used > LIST_BUDGET {
+            let keep = cut_at.unwrap_or(i);
+            let mut fitted = list[..keep].to_vec();
+            fitted.push(format!(
+                "{OMITTED_MARK}{} more {what} not recorded",
+                list.len() - keep
+            ));
+            return Some(fitted);
+        }
+    }
+    None
+}
+
+/// The bytes `entry` takes in a pretty-printed list: its JSON string (escapes included), the
+/// indentation, the comma and the line break.
+fn json_len(entry: &str) -> usize {
+    const PRETTY_LIST_ITEM: usize = "    ,\n".len();
+    serde_json::to_string(entry).map_or(entry.len() * 6 + 2, |s| s.len()) + PRETTY_LIST_ITEM
+}
+
 /// Why a record waits for a person, and who told them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NeedsPerson {
@@ -198,12 +267,30 @@ impl Heartbeat {
 pub enum Found {
     /// Parsed.
     Record(PathBuf, Box<Record>),
-    /// Not a record we can read (renamed aside by `set_aside_corrupt`).
+    /// A regular file of at most [`MAX_FILE`] bytes that is no record of a version we know: no
+    /// live tfinit leaves one (its writes are atomic, fitted and checked to read back), so it is
+    /// set aside (`set_aside_corrupt`). The text says why it is not a record.
     Corrupt(PathBuf, String),
     /// A newer format: left alone.
     Future(PathBuf, u32),
     /// Not readable by this uid (another uid's record): left alone.
     Unreadable(PathBuf, String),
+    /// Not read, and left where it is: it may be a live owner's, or moving it could hurt.
+    LeftAlone(PathBuf, Unread),
+}
+
+/// Why a file in `records/` was left alone unread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unread {
+    /// Not a regular file (the text: `a FIFO`, `a symbolic link`, ...): never opened for reading
+    /// (a FIFO would block the reader for good) nor followed; a person removes it.
+    NotRegular(&'static str),
+    /// Larger than [`MAX_FILE`] (its size): a tfinit older than the record cap writes records this
+    /// large, and may still be alive and running that terraform.
+    TooLarge(u64),
+    /// Reading it failed (an I/O error; on NFS a stale handle while its owner replaced it): it is
+    /// read again by the next sweep or recovery.
+    Failed(String),
 }
 
 /// Parses a record file's bytes. Besides JSON shape and version, the fields that become paths or
@@ -225,6 +312,14 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
     if !crate::config::valid_owner(&rec.owner.name) {
         return Err(format!("invalid owner name {:?}", rec.owner.name));
     }
+    // The run id is part of the file name a recovery writes the record back to (`needs_person`):
+    // it must be what the init makes, `r` and a number, and no path.
+    if !valid_run_id(&rec.run_id) {
+        return Err(format!(
+            "invalid run id {:?} (tfinit writes r1, r2, ...)",
+            rec.run_id
+        ));
+    }
     if !Path::new(&rec.workdir).is_absolute() {
         return Err(format!("workdir {:?} is not an absolute path", rec.workdir));
     }
@@ -232,6 +327,12 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
         return Err(format!("invalid workspace name {:?}", rec.workspace));
     }
     Ok(rec)
+}
+
+/// Whether `s` is a run id as the init makes them: `r` and a decimal u64 (at most 20 digits).
+pub fn valid_run_id(s: &str) -> bool {
+    s.strip_prefix('r')
+        .is_some_and(|n| (1..=20).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Whether `s` can be a terraform workspace name (terraform allows URL path segment characters).
@@ -279,7 +380,9 @@ mod tests {
         relative.workdir = "tf/x".into();
         let mut ws = sample(&owner);
         ws.workspace = "-lock=false".into();
-        for r in [bad_name, relative, ws] {
+        let mut run = sample(&owner);
+        run.run_id = "r1/../../../../etc/x".into();
+        for r in [bad_name, relative, ws, run] {
             assert!(
                 parse_record(&serde_json::to_vec(&r).unwrap()).is_err(),
                 "{r:?}"
@@ -296,5 +399,68 @@ mod tests {
         for cut in 0..ok.len() - 1 {
             assert!(parse_record(&ok[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn run_ids_are_r_and_a_number() {
+        for ok in ["r1", "r42", &format!("r{}", u64::MAX)] {
+            assert!(valid_run_id(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "r",
+            "1",
+            "R1",
+            "r-1",
+            "r1.json",
+            "r1/x",
+            &format!("r{}0", u64::MAX),
+        ] {
+            assert!(!valid_run_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_record_within_the_budget_is_written_as_it_is() {
+        let mut rec = sample(&Owner::current("pod-a", None));
+        rec.argv = vec!["x".repeat(1000); 100];
+        rec.in_progress = vec!["null_resource.a".into(); 1000];
+        assert!(matches!(rec.fitted(), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn lists_over_the_budget_keep_their_start_and_count_the_rest() {
+        let mut rec = sample(&Owner::current("pod-a", None));
+        // One argument larger than the whole budget: only the marker stays after it.
+        rec.argv = vec![
+            "apply".into(),
+            "y".repeat(LIST_BUDGET),
+            "-auto-approve".into(),
+        ];
+        // Control characters take six bytes each in JSON: the budget counts the escaped size.
+        rec.in_progress = vec!["\u{1}".repeat(1000); 100];
+        let fitted = rec.fitted().into_owned();
+        assert_eq!(
+            fitted.argv,
+            [
+                "apply",
+                &format!("{OMITTED_MARK}2 more arguments not recorded")
+            ]
+        );
+        let json = serde_json::to_string_pretty(&fitted.in_progress).unwrap();
+        assert!(json.len() <= LIST_BUDGET, "{} bytes", json.len());
+        let kept = fitted.in_progress.len() - 1;
+        assert!(kept >= 15, "{kept}");
+        assert_eq!(
+            fitted.in_progress[kept],
+            format!(
+                "{OMITTED_MARK}{} more resources in progress not recorded",
+                100 - kept
+            )
+        );
+        // Fitting again changes nothing: a recovery may write a record it read back.
+        assert!(matches!(fitted.fitted(), Cow::Borrowed(_)));
+        // No resource address starts like the marker.
+        assert!(!OMITTED_MARK.starts_with(|c: char| c.is_ascii_alphanumeric()));
     }
 }

@@ -166,7 +166,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(500);
 
 impl Recovery {
     /// Recovers every record whose run is over (in `only` when given). Corrupt records are set
-    /// aside with a warning (not in a dry run). Returns each record's outcome; an error when the
+    /// aside with a warning (not in a dry run); files left alone are named in a warning. Returns each record's outcome; an error when the
     /// state directory's recovery lock cannot be taken (a dry run takes none).
     pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
         let mut observer = Observer::import(self.ttl, &self.seen, liveness::instant_of);
@@ -191,9 +191,8 @@ impl Recovery {
         } else {
             Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
                 format!(
-                    "another lock recovery in {} did not finish within {}s, or its lock file is unusable: {e}",
-                    self.store.location(),
-                    LOCK_WAIT.as_secs()
+                    "the lock recovery in {} cannot start: {e}",
+                    self.store.location()
                 )
             })?)
         };
@@ -216,6 +215,7 @@ impl Recovery {
                     }
                 }
                 Found::Unreadable(path, e) => store::warn_unreadable(&path, &e),
+                Found::LeftAlone(path, why) => store::warn_left_alone(&path, &why),
                 Found::Future(path, v) => tracing::warn!(
                     file = %path.display(), version = v, this_version = record::FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"

@@ -8,19 +8,63 @@
 //! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
 //! long as the volume takes: only the recorder thread and helper processes call it, never the
 //! PID-1 loop.
+//!
+//! Anything else may sit in the directory (a FIFO, a device, a symbolic link to anywhere, a file
+//! of gigabytes): files are opened with `O_NOFOLLOW | O_NONBLOCK` and used only when `fstat` says
+//! they are regular files ([`open_regular`]), so no entry can block a reader or steer it
+//! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{fcntl, FcntlArg, Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
 
 use super::record::{
-    age, now_ms, parse_record, Found, Heartbeat, Owner, Record, FORMAT, HEARTBEAT_FORMAT, MAX_FILE,
+    age, now_ms, parse_record, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
+    MAX_FILE,
 };
+
+/// The longest file name Linux file systems take (NAME_MAX: ext4, xfs, tmpfs, overlayfs, NFS).
+const NAME_MAX: usize = 255;
+/// Decimal digits of the largest u64 (`18446744073709551615`).
+const U64_DIGITS: usize = 20;
+/// Decimal digits of the largest u32.
+const U32_DIGITS: usize = 10;
+/// Characters of the longest i32 (`-2147483648`): a record read back may carry any pid, and a
+/// recovery writes such a record under its own name (`needs_person`).
+const I32_CHARS: usize = 11;
+/// `Owner::incarnation`: `<8 hex of the boot id, or noboot>-<started_ms>-<pid>`.
+const INCARNATION_MAX: usize = 8 + 1 + U64_DIGITS + 1 + I32_CHARS;
+/// A run id: `r<u64>` (`record::valid_run_id`).
+const RUN_ID_MAX: usize = 1 + U64_DIGITS;
+/// [`unique_suffix`]: `<pid u32>.<ms u64>.<nanoseconds < 10^9>.<counter u64>`.
+const SUFFIX_MAX: usize = U32_DIGITS + 1 + U64_DIGITS + 1 + 9 + 1 + U64_DIGITS;
+/// What [`temp_path`] adds to a name: `.<name>.tmp.<suffix>`.
+const TEMP_EXTRA: usize = 1 + ".tmp.".len() + SUFFIX_MAX;
+/// What [`FileStore::path_of`] adds to the owner name: `<owner>.<incarnation>.<run>.json`.
+const RECORD_EXTRA: usize = 1 + INCARNATION_MAX + 1 + RUN_ID_MAX + ".json".len();
+
+/// The longest owner name (TFINIT_OWNER) whose every file fits in [`NAME_MAX`] bytes; config.rs
+/// refuses a longer one at start. The longest name tfinit writes is a record's temporary file:
+///
+/// ```text
+/// incarnation  <boot>-<started_ms>-<pid>        8 + 1 + 20 + 1 + 11               = 41
+/// record       <owner>.<incarnation>.r<run>.json  owner + 1 + 41 + 1 + 21 + 5       = owner + 69
+/// suffix       <pid>.<ms>.<ns>.<n>               10 + 1 + 20 + 1 + 9 + 1 + 20      = 62
+/// temporary    .<record>.tmp.<suffix>            1 + (owner + 69) + 5 + 62         = owner + 137
+/// set aside    <record minus .json>.json.corrupt                                    = owner + 77
+/// heartbeat    owners/<owner>.<incarnation>.json or .lock: owner + 47; temporary   = owner + 115
+/// ```
+///
+/// so 255 - 137 = 118 bytes.
+pub const MAX_OWNER_LEN: usize = NAME_MAX - RECORD_EXTRA - TEMP_EXTRA;
+
+/// The file `recover.lock` in the state directory: flock of one recovery at a time.
+const RECOVER_LOCK: &str = "recover.lock";
 
 /// Why a record is set aside (renamed so no recovery reads it again).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +101,8 @@ pub trait Store: Send {
     /// Reads one record.
     fn read(&self, id: &Path) -> io::Result<Record>;
 
-    /// Writes `record` atomically (creating or rewriting it) and returns its id.
+    /// Writes `record` atomically (creating or rewriting it) and returns its id. What is written
+    /// is [`Record::fitted`], and only when it reads back, so every record file can be read.
     fn write(&self, record: &Record) -> io::Result<PathBuf>;
 
     /// Removes a record; a missing one is fine.
@@ -102,8 +147,9 @@ pub trait Store: Send {
     /// recovery (another pod's, or a `tfinit recover`) to finish.
     fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock>;
 
-    /// Sets every unreadable record aside and warns about records of a newer format; returns the
-    /// parsed records. Never fails: a problem with one record is that record's warning.
+    /// Sets corrupt records aside (only those: no live owner has one, see [`Found::Corrupt`]) and
+    /// warns about the files left alone; returns the parsed records. Never fails: a problem with
+    /// one record is that record's warning.
     fn sweep(&self) -> Vec<(PathBuf, Record)> {
         let mut out = Vec::new();
         for f in self.list() {
@@ -115,6 +161,7 @@ pub trait Store: Send {
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
                 ),
                 Found::Unreadable(p, e) => warn_unreadable(&p, &e),
+                Found::LeftAlone(p, why) => warn_left_alone(&p, &why),
             }
         }
         out
@@ -166,14 +213,31 @@ impl FileStore {
 
     /// Creates the subdirectories and proves the directory writable.
     pub fn prepare(&self) -> io::Result<()> {
+        // The state directory itself may be a link (to where a volume is mounted); what is inside
+        // is tfinit's own and must be what tfinit made.
         if !self.dir.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "does not exist or is not a directory",
             ));
         }
-        fs::create_dir_all(self.records_dir())?;
-        fs::create_dir_all(self.owners_dir())?;
+        for sub in [self.records_dir(), self.owners_dir()] {
+            match fs::symlink_metadata(&sub) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{} is {}, not a directory: tfinit uses nothing else there and follows no link inside TFINIT_STATE_DIR; remove it (tfinit creates the directory)",
+                            sub.display(),
+                            kind_of(m.file_type())
+                        ),
+                    ))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(&sub)?,
+                Err(e) => return Err(e),
+            }
+        }
         let probe = self
             .records_dir()
             .join(format!("{PROBE_PREFIX}{}", unique_suffix()));
@@ -193,9 +257,17 @@ impl FileStore {
                 if !is_temp_name(&name) {
                     continue;
                 }
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
+                // lstat: a link is not followed, a FIFO not opened.
+                let Ok(meta) = e.metadata() else { continue };
+                if !meta.file_type().is_file() {
+                    tracing::warn!(
+                        file = %e.path().display(), kind = kind_of(meta.file_type()),
+                        "a file named like a tfinit temporary file in TFINIT_STATE_DIR is not a regular file and is left alone; remove it"
+                    );
+                    continue;
+                }
+                let old = meta
+                    .modified()
                     .ok()
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > older_than);
@@ -243,11 +315,20 @@ impl Store for FileStore {
             }
             match read_limited(&path) {
                 // Removed since readdir (its run ended): not a problem.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
                     out.push(Found::Unreadable(path, e.to_string()))
                 }
-                Err(e) => out.push(Found::Corrupt(path, format!("unreadable: {e}"))),
+                // Only a file read whole can be proven corrupt; anything else is left alone.
+                Err(ReadError::Io(e)) => {
+                    out.push(Found::LeftAlone(path, Unread::Failed(e.to_string())))
+                }
+                Err(ReadError::NotRegular(kind)) => {
+                    out.push(Found::LeftAlone(path, Unread::NotRegular(kind)))
+                }
+                Err(ReadError::TooLarge(size)) => {
+                    out.push(Found::LeftAlone(path, Unread::TooLarge(size)))
+                }
                 Ok(bytes) => match parse_record(&bytes) {
                     Ok(r) => out.push(Found::Record(path, Box::new(r))),
                     Err(problem) => match future_version(&bytes) {
@@ -262,13 +343,38 @@ impl Store for FileStore {
     }
 
     fn read(&self, id: &Path) -> io::Result<Record> {
-        let bytes = read_limited(id)?;
-        parse_record(&bytes).map_err(|p| io::Error::new(io::ErrorKind::InvalidData, p))
+        let bytes = read_limited(id).map_err(|e| e.into_io(id))?;
+        parse_record(&bytes).map_err(|p| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a lock-owner record: {p}", id.display()),
+            )
+        })
     }
 
     fn write(&self, record: &Record) -> io::Result<PathBuf> {
         let path = self.path_of(record);
-        atomic_write(&path, &to_json(record))?;
+        let bytes = to_json(&*record.fitted());
+        // What would not read back is refused here, with its reason, rather than written for
+        // every reader to find corrupt.
+        let problem = if bytes.len() as u64 > MAX_FILE {
+            Some(format!(
+                "it would be {} bytes, more than the {MAX_FILE} a reader takes (its paths or names are that long)",
+                bytes.len()
+            ))
+        } else {
+            parse_record(&bytes).err()
+        };
+        if let Some(problem) = problem {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "lock-owner record {} not written, it would not read back: {problem}",
+                    path.display()
+                ),
+            ));
+        }
+        atomic_write(&path, &bytes)?;
         Ok(path)
     }
 
@@ -277,10 +383,7 @@ impl Store for FileStore {
     }
 
     fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf> {
-        let aside = match why {
-            Aside::Corrupt(_) => id.with_extension("json.corrupt"),
-            Aside::Manual => id.with_extension("json.manual"),
-        };
+        let aside = aside_path(id, why);
         fs::rename(id, &aside)?;
         Ok(aside)
     }
@@ -375,7 +478,16 @@ impl Store for FileStore {
             return Ok(None);
         }
         let path = self.lock_path(me);
-        let file = open_regular(&path, true)?;
+        let (file, _) = open_regular(
+            &path,
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .map_err(|e| e.into_io(&path))?;
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
             io::Error::other(format!(
                 "cannot flock {}: {e} (another process holds this incarnation's lock file?)",
@@ -392,7 +504,7 @@ impl Store for FileStore {
 
     fn incarnation_gone(&self, owner: &Owner) -> Option<bool> {
         let path = self.lock_path(owner);
-        let file = open_regular(&path, false).ok()?;
+        let (file, _) = open_regular(&path, fs::OpenOptions::new().read(true)).ok()?;
         if !local_filesystem(&file) {
             return None;
         }
@@ -405,15 +517,18 @@ impl Store for FileStore {
     }
 
     fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock> {
-        let path = self.dir.join("recover.lock");
+        let path = self.dir.join(RECOVER_LOCK);
         let deadline = Instant::now() + wait;
         loop {
-            let file = fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600)
-                .open(&path)?;
+            let (file, _) = open_regular(
+                &path,
+                fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .mode(0o600),
+            )
+            .map_err(|e| e.into_io(&path))?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => {
                     return Ok(RecoveryLock {
@@ -422,6 +537,16 @@ impl Store for FileStore {
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "{} is held by another lock recovery (another pod's, or a `tfinit recover`) that did not finish within {}s",
+                            path.display(),
+                            wait.as_secs()
+                        ),
+                    ))
                 }
                 Err((_, e)) => {
                     return Err(io::Error::other(format!(
@@ -432,27 +557,6 @@ impl Store for FileStore {
             }
         }
     }
-}
-
-/// Opens a file of the state directory for reading and locking without following a symbolic link
-/// or blocking on a FIFO, and accepts a regular file only (a FIFO or device there would hang
-/// storage for good). `create` creates a missing one (mode 0600).
-fn open_regular(path: &Path, create: bool) -> io::Result<fs::File> {
-    let mut opts = fs::OpenOptions::new();
-    opts.read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
-    if create {
-        opts.write(true).create(true).truncate(false).mode(0o600);
-    }
-    let file = opts.open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(io::Error::other(format!(
-            "{} is not a regular file ({kind:?}): remove it",
-            path.display()
-        )));
-    }
-    Ok(file)
 }
 
 /// Whether `file` is on a filesystem whose flocks live in this kernel alone (so a free flock
@@ -480,7 +584,8 @@ fn found_path(f: &Found) -> &Path {
         Found::Record(p, _)
         | Found::Corrupt(p, _)
         | Found::Future(p, _)
-        | Found::Unreadable(p, _) => p,
+        | Found::Unreadable(p, _)
+        | Found::LeftAlone(p, _) => p,
     }
 }
 
@@ -501,6 +606,24 @@ pub fn warn_unreadable(path: &Path, error: &str) {
         file = %path.display(), error,
         "lock-owner record is not readable by this uid and is left alone: pods sharing TFINIT_STATE_DIR must run as the same uid"
     );
+}
+
+/// Warns about a file in `records/` that was left alone unread, saying what to do.
+pub fn warn_left_alone(path: &Path, why: &Unread) {
+    match why {
+        Unread::NotRegular(kind) => tracing::warn!(
+            file = %path.display(), kind,
+            "lock-owner record is not a regular file and is left alone: tfinit never opens, follows or renames it; remove it"
+        ),
+        Unread::TooLarge(bytes) => tracing::warn!(
+            file = %path.display(), bytes, limit = MAX_FILE,
+            "lock-owner record is larger than tfinit reads and is left alone: a tfinit older than the record size cap may have written it and may still run that terraform; once its owner is gone, check the file by hand (it names the working directory and the lock's Who), then delete it"
+        ),
+        Unread::Failed(error) => tracing::warn!(
+            file = %path.display(), error,
+            "lock-owner record could not be read and is left alone; it is read again by the next recovery: check the volume"
+        ),
+    }
 }
 
 /// Sets an unreadable record aside (`*.corrupt`) so it is reported once and never stops anyone.
@@ -539,27 +662,138 @@ fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     out
 }
 
-fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let f = fs::File::open(path)?;
+/// Why a file of the state directory was not read.
+#[derive(Debug)]
+enum ReadError {
+    /// Opening or reading it failed.
+    Io(io::Error),
+    /// It is not a regular file: what it is (`a FIFO`).
+    NotRegular(&'static str),
+    /// It is larger than [`MAX_FILE`]: its size.
+    TooLarge(u64),
+}
+
+impl ReadError {
+    /// This error as an io::Error whose message names `path` and says what to do.
+    fn into_io(self, path: &Path) -> io::Error {
+        match self {
+            ReadError::Io(e) => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+            ReadError::NotRegular(kind) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is {kind}, not a regular file: tfinit opens nothing else in TFINIT_STATE_DIR and follows no link there; remove it",
+                    path.display()
+                ),
+            ),
+            ReadError::TooLarge(size) => io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is {size} bytes, more than the {MAX_FILE} tfinit reads: check it by hand, then delete it",
+                    path.display()
+                ),
+            ),
+        }
+    }
+}
+
+/// What a file system entry is, for messages: `a FIFO`, `a directory`, ...
+fn kind_of(t: fs::FileType) -> &'static str {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "of an unknown kind"
+    }
+}
+
+/// Opens `path` with `options` when it is a regular file, and returns it with its metadata.
+/// `O_NOFOLLOW`: a symbolic link is refused, never followed (it could point anywhere).
+/// `O_NONBLOCK`: opening a FIFO returns at once (for reading; for writing it fails with ENXIO)
+/// instead of waiting for good for a writer or a reader, and so does a device that waits for a
+/// carrier. `O_NOCTTY`: a terminal device never becomes the init's controlling terminal.
+/// `fstat` of the open file then decides, race-free; when the open itself fails, `lstat` says
+/// whether an entry that is not a regular file was the reason.
+fn open_regular(
+    path: &Path,
+    options: &mut fs::OpenOptions,
+) -> Result<(fs::File, fs::Metadata), ReadError> {
+    let file = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_file() => ReadError::NotRegular(kind_of(m.file_type())),
+            _ => ReadError::Io(e),
+        })?;
+    let meta = file.metadata().map_err(ReadError::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(ReadError::NotRegular(kind_of(meta.file_type())));
+    }
+    // O_NONBLOCK was for the open. Local file systems ignore it on regular files, but a FUSE or
+    // network file system sees the flags a file is open with: read and write it as usual.
+    let flags = fcntl(&file, FcntlArg::F_GETFL).map_err(|e| ReadError::Io(e.into()))?;
+    fcntl(
+        &file,
+        FcntlArg::F_SETFL(OFlag::from_bits_retain(flags) - OFlag::O_NONBLOCK),
+    )
+    .map_err(|e| ReadError::Io(e.into()))?;
+    Ok((file, meta))
+}
+
+/// Reads a record or heartbeat: a regular file (see [`open_regular`]) of at most [`MAX_FILE`]
+/// bytes.
+fn read_limited(path: &Path) -> Result<Vec<u8>, ReadError> {
+    let (f, meta) = open_regular(path, fs::OpenOptions::new().read(true))?;
+    if meta.len() > MAX_FILE {
+        return Err(ReadError::TooLarge(meta.len()));
+    }
     let mut buf = Vec::new();
-    f.take(MAX_FILE).read_to_end(&mut buf)?;
+    // One byte more than the limit: a file that grew since fstat is too large as well.
+    f.take(MAX_FILE + 1)
+        .read_to_end(&mut buf)
+        .map_err(ReadError::Io)?;
+    if buf.len() as u64 > MAX_FILE {
+        return Err(ReadError::TooLarge(buf.len() as u64));
+    }
     Ok(buf)
+}
+
+/// Where a set-aside record goes: `<name>.json.corrupt` or `<name>.json.manual` beside it.
+fn aside_path(id: &Path, why: &Aside) -> PathBuf {
+    match why {
+        Aside::Corrupt(_) => id.with_extension("json.corrupt"),
+        Aside::Manual => id.with_extension("json.manual"),
+    }
+}
+
+/// The temporary file of an atomic write of `path`: `.<name>.tmp.<suffix>` beside it.
+fn temp_path(path: &Path, suffix: &str) -> PathBuf {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    dir.join(format!(
+        ".{}.tmp.{suffix}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+    ))
 }
 
 /// Writes `bytes` to `path` atomically: temp file in the same directory, fsync, rename, fsync dir.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        unique_suffix()
-    ));
+    let tmp = temp_path(path, &unique_suffix());
     let result = (|| {
+        // A new file (O_EXCL): whatever already has the name (a FIFO, a link) is never opened.
         let mut f = fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
@@ -581,13 +815,18 @@ fn unique_suffix() -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{}.{}.{}.{}",
+    suffix_of(
         std::process::id(),
         now_ms(),
         nanos,
-        N.fetch_add(1, Ordering::Relaxed)
+        N.fetch_add(1, Ordering::Relaxed),
     )
+}
+
+/// The suffix of [`unique_suffix`] from its parts (at most [`SUFFIX_MAX`] bytes: `nanos` is below
+/// 10^9).
+fn suffix_of(pid: u32, ms: u64, nanos: u32, n: u64) -> String {
+    format!("{pid}.{ms}.{nanos}.{n}")
 }
 
 #[cfg(test)]
@@ -855,6 +1094,394 @@ mod temp_file_tests {
                 p.display()
             );
         }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod bad_entry_tests {
+    use super::*;
+    use crate::locks::record::{sample, OMITTED_MARK};
+    use std::sync::mpsc;
+
+    /// How long a call that must not block may take (it takes milliseconds).
+    const PROMPTLY: Duration = Duration::from_secs(5);
+
+    fn temp_store(name: &str) -> (PathBuf, FileStore) {
+        let dir = std::env::temp_dir().join(format!("tfinit-bad-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        (dir, store)
+    }
+
+    fn mkfifo(path: &Path) {
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    }
+
+    /// Runs `f` on a thread and waits for its answer until `PROMPTLY` passes; on time-out,
+    /// `unblock` runs (so the thread can finish) and the test fails, naming `what`.
+    fn promptly<T: Send + 'static>(
+        what: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+        unblock: impl FnOnce(),
+    ) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(PROMPTLY) {
+            Ok(v) => v,
+            Err(_) => {
+                unblock();
+                panic!("{what} still blocked after {PROMPTLY:?}");
+            }
+        }
+    }
+
+    /// Opens a FIFO for writing without blocking, which lets a reader blocked in open(2) go on.
+    fn open_fifo_for_writing(path: &Path) {
+        let _ = fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+    }
+
+    fn left_alone<'a>(found: &'a [Found], path: &Path) -> Option<&'a Unread> {
+        found.iter().find_map(|f| match f {
+            Found::LeftAlone(p, why) if p == path => Some(why),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_record_of_25000_arguments_and_30000_resources_in_progress_reads_back_with_markers() {
+        let (dir, store) = temp_store("big");
+        let mut rec = sample(&Owner::current("pod-a", None));
+        rec.subcommand = "state rm".into();
+        rec.argv = ["state".to_string(), "rm".to_string()]
+            .into_iter()
+            .chain((0..25_000).map(|i| format!("null_resource.r_{i:0>24}")))
+            .collect();
+        assert_eq!(rec.argv[2].len(), 40);
+        rec.in_progress = (0..30_000)
+            .map(|i| format!("null_resource.r_{i:0>24}"))
+            .collect();
+        let path = store.write(&rec).unwrap();
+        let size = fs::metadata(&path).unwrap().len();
+        assert!(
+            size < MAX_FILE / 2,
+            "{size} bytes is not far below {MAX_FILE}"
+        );
+
+        let back = store.read(&path).unwrap();
+        assert_eq!(back.argv[..3], rec.argv[..3], "the start is kept as it was");
+        let kept = back.argv.len() - 1;
+        assert!(kept > 1000, "only {kept} arguments kept");
+        assert_eq!(
+            back.argv.last().unwrap(),
+            &format!(
+                "{OMITTED_MARK}{} more arguments not recorded",
+                rec.argv.len() - kept
+            )
+        );
+        let kept = back.in_progress.len() - 1;
+        assert_eq!(back.in_progress[..kept], rec.in_progress[..kept]);
+        assert_eq!(
+            back.in_progress.last().unwrap(),
+            &format!(
+                "{OMITTED_MARK}{} more resources in progress not recorded",
+                rec.in_progress.len() - kept
+            )
+        );
+        // The sweep, and so every recovery, reads it as the record it is.
+        let swept = store.sweep();
+        assert_eq!(swept.len(), 1, "{:?}", store.list());
+        assert!(path.exists(), "a live record was set aside");
+        // Written again (a recovery marking it), it stays the same.
+        store.write(&back).unwrap();
+        assert_eq!(store.read(&path).unwrap(), back);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_record_that_would_not_read_back_is_refused_not_written() {
+        let (dir, store) = temp_store("refused");
+        let mut rec = sample(&Owner::current("pod-a", None));
+        rec.workdir = "relative/dir".into();
+        let e = store.write(&rec).unwrap_err().to_string();
+        assert!(
+            e.contains("not written") && e.contains("relative/dir"),
+            "{e}"
+        );
+        rec.workdir = format!("/{}", "d".repeat(MAX_FILE as usize));
+        let e = store.write(&rec).unwrap_err().to_string();
+        assert!(e.contains("bytes, more than"), "{e}");
+        assert!(store.list().is_empty(), "{:?}", store.list());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_in_records_does_not_block_listing_and_is_reported_and_left_in_place() {
+        let (dir, store) = temp_store("fifo");
+        let good = store
+            .write(&sample(&Owner::current("pod-a", None)))
+            .unwrap();
+        let fifo = dir.join("records/x.json");
+        mkfifo(&fifo);
+        let s = store.clone();
+        let found = promptly(
+            "list() with a FIFO in records/",
+            move || s.list(),
+            || open_fifo_for_writing(&fifo),
+        );
+        assert_eq!(
+            left_alone(&found, &fifo),
+            Some(&Unread::NotRegular("a FIFO")),
+            "{found:?}"
+        );
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|f| matches!(f, Found::Record(p, _) if *p == good)),
+            "{found:?}"
+        );
+        let s = store.clone();
+        let swept = promptly(
+            "sweep() with a FIFO in records/",
+            move || s.sweep(),
+            || open_fifo_for_writing(&fifo),
+        );
+        assert_eq!(swept.len(), 1);
+        assert!(
+            fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
+            "the FIFO was moved"
+        );
+        let e = store.read(&fifo).unwrap_err().to_string();
+        assert!(
+            e.contains(fifo.to_str().unwrap()) && e.contains("a FIFO") && e.contains("remove it"),
+            "{e}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reading_a_fifo_heartbeat_or_record_returns_at_once() {
+        let (dir, _store) = temp_store("readfifo");
+        let fifo = dir.join("owners/pod-b.json");
+        mkfifo(&fifo);
+        let f = fifo.clone();
+        let read = promptly(
+            "reading a FIFO",
+            move || read_limited(&f),
+            || open_fifo_for_writing(&fifo),
+        );
+        assert!(
+            matches!(read, Err(ReadError::NotRegular("a FIFO"))),
+            "{read:?}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn recover_lock_as_a_fifo_fails_fast_naming_it() {
+        let (dir, store) = temp_store("lockfifo");
+        let lock = dir.join(RECOVER_LOCK);
+        mkfifo(&lock);
+        let s = store.clone();
+        let started = Instant::now();
+        let result = promptly(
+            "lock_recovery() with a FIFO as recover.lock",
+            move || s.lock_recovery(Duration::from_secs(250)).map(drop),
+            || {
+                // A reader lets the blocked open for writing go on.
+                let _ = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&lock);
+            },
+        );
+        let e = result.unwrap_err().to_string();
+        assert!(started.elapsed() < PROMPTLY);
+        assert!(
+            e.contains(lock.to_str().unwrap()) && e.contains("a FIFO") && e.contains("remove it"),
+            "{e}"
+        );
+        // Also with a reader on the FIFO, where open(2) for writing succeeds: fstat refuses it.
+        let reader = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&lock)
+            .unwrap();
+        let e = store.lock_recovery(Duration::ZERO).unwrap_err().to_string();
+        assert!(e.contains("a FIFO"), "{e}");
+        drop(reader);
+        // Negative case: once it is removed, the lock is taken again.
+        fs::remove_file(&lock).unwrap();
+        assert!(store.lock_recovery(Duration::ZERO).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn symbolic_links_in_the_state_directory_are_never_followed() {
+        let (dir, store) = temp_store("link");
+        let target = dir.join("elsewhere.json");
+        let good = sample(&Owner::current("pod-a", None));
+        fs::write(&target, serde_json::to_vec(&good).unwrap()).unwrap();
+        let link = dir.join("records/a.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let passwd = dir.join("records/p.json");
+        std::os::unix::fs::symlink("/etc/passwd", &passwd).unwrap();
+
+        let found = store.list();
+        for l in [&link, &passwd] {
+            assert_eq!(
+                left_alone(&found, l),
+                Some(&Unread::NotRegular("a symbolic link")),
+                "{found:?}"
+            );
+        }
+        assert!(store.sweep().is_empty(), "a record was read through a link");
+        for l in [&link, &passwd] {
+            assert!(fs::symlink_metadata(l).unwrap().is_symlink(), "{l:?} moved");
+            let e = store.read(l).unwrap_err().to_string();
+            assert!(
+                e.contains("a symbolic link") && e.contains("remove it"),
+                "{e}"
+            );
+        }
+        // recover.lock as a link: refused, and the file it points to is not created.
+        let lock_target = dir.join("lock-target");
+        std::os::unix::fs::symlink(&lock_target, dir.join(RECOVER_LOCK)).unwrap();
+        let e = store.lock_recovery(Duration::ZERO).unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        assert!(!lock_target.exists(), "the lock's link was followed");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_oversized_record_is_left_in_place_not_set_aside() {
+        let (dir, store) = temp_store("oversized");
+        // As a tfinit older than the cap wrote it while its owner may live: valid, only large.
+        let mut rec = sample(&Owner::current("pod-old", None));
+        rec.argv = vec!["x".repeat(40); 30_000];
+        let path = dir.join("records/pod-old.x.r1.json");
+        fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+        let found = store.list();
+        assert!(
+            matches!(left_alone(&found, &path), Some(Unread::TooLarge(n)) if *n > MAX_FILE),
+            "{found:?}"
+        );
+        store.sweep();
+        assert!(path.exists(), "an oversized record was set aside");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_entry_that_is_not_a_directory_where_records_go_is_named_at_open() {
+        let dir = std::env::temp_dir().join(format!("tfinit-bad-subdir-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        mkfifo(&dir.join("records"));
+        let e = FileStore::new(&dir)
+            .open(Duration::from_secs(3600))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("records") && e.contains("a FIFO") && e.contains("remove it"),
+            "{e}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_temporary_file_is_left_alone_at_open() {
+        let (dir, store) = temp_store("tmpfifo");
+        let fifo = dir.join("records/.pod-a.x.r1.json.tmp.1.2.3.4");
+        mkfifo(&fifo);
+        let s = store.clone();
+        promptly(
+            "open() with a FIFO named like a temporary file",
+            move || s.open(Duration::ZERO),
+            || open_fifo_for_writing(&fifo),
+        )
+        .unwrap();
+        assert!(fs::symlink_metadata(&fifo).is_ok(), "the FIFO was removed");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_longest_owner_name_gives_file_names_of_at_most_255_bytes() {
+        assert_eq!(
+            MAX_OWNER_LEN, 118,
+            "the arithmetic in MAX_OWNER_LEN's comment"
+        );
+        let name = "o".repeat(MAX_OWNER_LEN);
+        assert_eq!(crate::config::owner_problem(&name), None);
+        let refused = crate::config::owner_problem(&format!("{name}o")).unwrap();
+        assert!(
+            refused.contains("119") && refused.contains("118"),
+            "{refused}"
+        );
+
+        // Every part at its longest.
+        let owner = Owner {
+            name: name.clone(),
+            boot_id: "ffffffff-ffff-ffff-ffff-ffffffffffff".into(),
+            started_ms: u64::MAX,
+            pid: i32::MIN,
+            pod_uid: None,
+        };
+        assert_eq!(owner.incarnation().len(), INCARNATION_MAX);
+        let mut rec = sample(&owner);
+        rec.run_id = format!("r{}", u64::MAX);
+        assert!(crate::locks::record::valid_run_id(&rec.run_id));
+        let store = FileStore::new(Path::new("/state"));
+        let record = store.path_of(&rec);
+        let suffix = suffix_of(u32::MAX, u64::MAX, 999_999_999, u64::MAX);
+        assert_eq!(suffix.len(), SUFFIX_MAX);
+        let incarnation = owner.incarnation();
+        let heartbeat = store
+            .owners_dir()
+            .join(format!("{name}.{incarnation}.json"));
+        let heartbeat_lock = store
+            .owners_dir()
+            .join(format!("{name}.{incarnation}.lock"));
+        let names = [
+            temp_path(&record, &suffix),
+            record.clone(),
+            aside_path(&record, &Aside::Corrupt(String::new())),
+            aside_path(&record, &Aside::Manual),
+            heartbeat.clone(),
+            heartbeat_lock,
+            temp_path(&heartbeat, &suffix),
+            store.owners_dir().join(format!("{name}.json")),
+        ];
+        let len = |p: &PathBuf| p.file_name().unwrap().len();
+        assert_eq!(
+            len(&names[0]),
+            NAME_MAX,
+            "the longest is a record's temporary file"
+        );
+        for p in &names {
+            assert!(len(p) <= NAME_MAX, "{} bytes: {}", len(p), p.display());
+        }
+
+        // And the file system agrees: each can be created, one byte more cannot.
+        let dir = std::env::temp_dir().join(format!("tfinit-names-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        for p in &names {
+            fs::File::create(dir.join(p.file_name().unwrap())).unwrap();
+        }
+        let too_long = dir.join(format!(
+            "{}x",
+            names[0].file_name().unwrap().to_str().unwrap()
+        ));
+        let e = fs::File::create(too_long).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

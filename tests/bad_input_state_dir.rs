@@ -212,13 +212,14 @@ fn fifos_in_records_and_as_recover_lock_are_named_in_warnings_and_never_hold_up_
     let lock = state.join("recover.lock");
     nix::unistd::mkfifo(&lock, mode).unwrap();
     // A dead run's record in the run's working directory, so the run's lock check takes
-    // recover.lock first.
+    // recover.lock first (ended: over without watching its owner for a TTL).
     let work = tmp.join("work");
     let dead = serde_json::json!({
         "v": 1,
         "owner": {"name": "pod-gone", "boot_id": "b", "started_ms": 1, "pid": 1},
         "who": "@pod-gone", "run_id": "r1", "cwd": work, "workdir": work,
         "subcommand": "apply", "argv": ["apply"], "started_ms": 2, "updated_ms": 2,
+        "ended": {"ms": 3, "how": "killed by SIGKILL"},
     });
     std::fs::write(
         records.join("pod-gone.b-1-1.r1.json"),

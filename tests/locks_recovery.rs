@@ -302,3 +302,70 @@ fn shell_word(s: &str) -> String {
         format!("'{s}'")
     }
 }
+
+/// Issue 18, finding 4: two recovery helpers once ran in one working directory, each with the
+/// live runs as they were when it started, and a run could launch there while the other helper
+/// still probed. Now one recovery at a time per directory, and nothing launches there while it
+/// runs. A dead owner's record (on another node: it must be watched for a TTL) and two applies
+/// at once in its directory: one helper, the other run waits for it, and no terraform starts
+/// before the helper is done.
+#[test]
+fn two_runs_in_one_directory_share_one_recovery_and_none_starts_before_it_ends() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-serial");
+    let started = now_ms() - 60_000;
+    let rec = w.plant_record(
+        "pod-z.0-1-1.r1.json",
+        &json!({
+            "v": 1,
+            "owner": {"name": "pod-z", "boot_id": "0", "started_ms": started - 1000, "pid": 1},
+            "who": "@pod-z", "run_id": "r1", "cwd": w.ws, "workdir": w.ws, "workspace": "default",
+            "subcommand": "apply", "argv": ["apply", "-auto-approve"], "started_ms": started,
+            "in_progress": [], "updated_ms": started,
+        }),
+    );
+    let out = w.tmp.join("pair.out");
+    let apply = |n: u32| {
+        format!(
+            "terraform apply -auto-approve -input=false -no-color -lock-timeout=60s > {o}.{n} 2>&1; echo \"done{n} $?\" >> {o}",
+            o = out.display()
+        )
+    };
+    let mut pod = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-p",
+            uid: Some(NOBODY_UID),
+            script: format!("({}) & ({}) & wait", apply(1), apply(2)),
+            env: vec![("TF_VAR_sleep", "0".into())],
+        },
+    );
+    assert!(pod.wait().success(), "{}", pod.log());
+    let log = pod.log();
+    let done = common::read(&out);
+    assert!(
+        done.contains("done1 0") && done.contains("done2 0"),
+        "{done}\n{log}"
+    );
+    assert_eq!(
+        log.matches("lock recovery finished").count(),
+        1,
+        "one helper for the directory: {log}"
+    );
+    assert!(
+        log.contains("a lock recovery runs in this directory: this run waits for it"),
+        "{log}"
+    );
+    let finished = log.find("lock recovery finished").unwrap();
+    let first_start = log.find("terraform started").unwrap();
+    assert!(
+        first_start > finished,
+        "no terraform started in the directory while its recovery ran: {log}"
+    );
+    assert!(
+        !rec.exists(),
+        "the dead run's record was resolved (lock free)"
+    );
+}

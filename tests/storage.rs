@@ -641,6 +641,65 @@ fn a_hung_heartbeat_is_one_error_and_new_runs_go_unrecorded_until_it_is_written_
     );
 }
 
+/// The fence (issue 18): a pod whose heartbeat does not land stops its runs with records before
+/// any other pod may call it dead: the graceful SIGTERM at 2/3 of the TTL after its last good
+/// heartbeat, one error naming the runs. With TTL 3 s the last good beat started at most 1 s (plus
+/// a write) before the volume broke, so the SIGTERM comes 1 to 2 s after that; other pods need a
+/// full TTL of watching. An unrecorded run is left alone.
+#[test]
+fn a_heartbeat_that_does_not_land_stops_the_recorded_runs_before_another_pod_may_call_this_one_dead(
+) {
+    let Some(fs) = volume("fence") else {
+        return;
+    };
+    let pod = Pod::start(
+        "fence",
+        fs,
+        Setup {
+            ttl: "3s",
+            ..Setup::default()
+        },
+    );
+    pod.records_enabled();
+    let recorded = pod.run(
+        "recorded",
+        &["apply", "-auto-approve"],
+        r#"trap 'date +%s.%N > "$FAKE_DIR/termed"; exit 0' TERM; while :; do sleep 0.05; done"#,
+    );
+    pod.wait_started("recorded", Duration::from_secs(20));
+    assert!(pod.had_record("recorded"), "a record is on the volume");
+    let broken = now_unix();
+    pod.fs.set(&Rules {
+        fail: vec!["/owners/"],
+        ..Rules::default()
+    });
+    let termed: f64 = wait_for(
+        Duration::from_secs(10),
+        "the fence's graceful SIGTERM",
+        || common::read(&pod.tmp.join("termed")).trim().parse().ok(),
+    );
+    let after = termed - broken;
+    assert!(
+        (0.5..2.6).contains(&after),
+        "the graceful SIGTERM came {after:.2}s after the heartbeat stopped landing (2/3 of the 3s TTL after the last good one)"
+    );
+    assert_eq!(
+        shim_code(recorded, Duration::from_secs(10), "the fenced run"),
+        0,
+        "the shim's caller sees terraform's own exit code"
+    );
+    let fenced = pod.logged("the heartbeat has not landed in TFINIT_STATE_DIR");
+    assert!(!fenced.is_empty(), "{}", pod.init.log_tail());
+    // A run without a record is nobody's concern: it runs to its end.
+    let unrecorded = pod.run("unrecorded", &["apply", "-auto-approve"], "sleep 1; exit 0");
+    assert_eq!(
+        shim_code(unrecorded, Duration::from_secs(10), "a run while fenced"),
+        0
+    );
+    assert!(!pod.had_record("unrecorded"));
+    pod.fs.set(&Rules::default());
+}
+
 // ----- progress and ordering -----
 
 /// The whole pod is killed 100 ms after terraform printed `X: Creating...`: the record on disk

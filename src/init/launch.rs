@@ -397,30 +397,33 @@ impl Init {
         };
         let rescan = self.book.recovery_done(&job.workdir, Instant::now());
         self.send_to_recorder(rescan);
+        self.go_on_after_recovery(id, job, *request, stdin);
+        // Runs in this directory that waited for the recovery check again now.
+        self.resume_awaiting();
+    }
+
+    /// The run whose recovery ended goes on to its record, unless its shim is gone or the init
+    /// stopped accepting runs meanwhile (then it is refused like a new run).
+    fn go_on_after_recovery(
+        &mut self,
+        id: u64,
+        job: Job,
+        request: RunRequest,
+        stdin: Option<OwnedFd>,
+    ) {
         let Some(conn) = job.conn else {
             // The shim gave up while the lock was checked: nobody waits for this run, and
             // starting it now would only leave a run to stop.
             tracing::info!(run = %job.id, "the shim is gone; terraform is not started");
             return;
         };
-        // Stopping (the kill step may have ended the helper) or draining: refused like a new run.
-        // An abandoned run's helper killed on its timer has no shim, so it ended above.
-        if !self.timeline.accepts_runs() {
-            let msg = format!(
-                "tfinit: the init is shutting down: terraform was not started (exit code {})",
-                protocol::EXIT_REFUSED
-            );
-            self.reply_exit(
-                conn,
-                ExitNote {
-                    code: protocol::EXIT_REFUSED,
-                    error: Some(msg),
-                    run_id: Some(job.id),
-                    ..Default::default()
-                },
-            );
+        // Stopping (the kill step may have ended the helper) or draining. An abandoned run's
+        // helper killed on its timer has no shim, so it ended above.
+        if let Some(why) = self.refusal() {
+            tracing::info!(run = %job.id, reason = why, "terraform run refused before it started");
+            self.reply_refused(conn, Some(job.id), why);
             return;
         }
-        self.record_step(id, job, *request, stdin, None);
+        self.record_step(id, job, request, stdin, None);
     }
 }

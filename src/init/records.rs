@@ -119,9 +119,9 @@ impl Init {
             .any(|r| matches!(r.life, Life::Recovering { .. }) && r.job.workdir == workdir)
     }
 
-    /// Runs that waited for this init's end-markings in their directory go on once those are on
-    /// the volume.
-    fn resume_awaiting(&mut self) {
+    /// Runs that waited for this init's end-markings in their directory, or for a recovery there,
+    /// go on once those are done.
+    pub(super) fn resume_awaiting(&mut self) {
         let ready: Vec<u64> = self
             .runs
             .iter()

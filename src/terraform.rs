@@ -24,90 +24,240 @@ const SECRET_KEYS: [&str; 9] = [
     "cert",
 ];
 
-/// Subcommands that acquire the state lock (terraform 1.x, internal/command/*: each of these
-/// has a `-lock` flag and calls the backend's state locker). Two-word forms are joined by a space.
-/// See docs/notes/terraform-facts.md for the sources.
-pub const LOCKING: [&str; 14] = [
-    "apply",
-    "destroy",
-    "plan",
-    "refresh",
-    "import",
-    "taint",
-    "untaint",
-    "console",
+/// How a subcommand comes to hold the state lock of the working directory's backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockRule {
+    /// Locks unless its `-lock` flag ends up false: the command (or backend/local's `localRun`)
+    /// locks through `clistate.NewLocker` only `if stateLock`, and a false `-lock` leaves it the
+    /// no-op locker.
+    UnlessLockFalse,
+    /// Locks whatever `-lock` says: a remote backend's `StateMgr` creates a missing workspace state
+    /// under the lock (Operation `init`) before any `-lock` check, or the command has no `-lock`.
+    Always,
+    /// Locks only when `-or-create` ends up true: a missing workspace is then created as for
+    /// [`LockRule::Always`]; without it the command only writes the local workspace name.
+    WithOrCreate,
+}
+
+/// The subcommands that may take the state lock, and how (terraform 1.0 to 1.17-dev, OpenTofu 1.6
+/// to 1.13-dev; sources in docs/notes/terraform-facts.md, section 11). No other subcommand locks
+/// the working directory's state: `output`, `show`, `graph`, `validate`, `get`, `test`,
+/// `providers ...`, `state list|show|pull`, `workspace list|show`, `force-unlock`, `login`...
+/// `env` is terraform's hidden old name for `workspace`; `state move|remove` are OpenTofu's (1.7+)
+/// names for `state mv|rm`. Two-word commands are joined by one space.
+pub const LOCKING: &[(&str, LockRule)] = &[
+    // backend/local's localRun locks through the operation's StateLocker.
+    ("apply", LockRule::UnlessLockFalse),
+    ("destroy", LockRule::UnlessLockFalse),
+    ("plan", LockRule::UnlessLockFalse),
+    ("refresh", LockRule::UnlessLockFalse),
+    ("import", LockRule::UnlessLockFalse),
+    // The command itself: `if c.stateLock { clistate.NewLocker(...).Lock(stateMgr, ...) }`.
+    ("taint", LockRule::UnlessLockFalse),
+    ("untaint", LockRule::UnlessLockFalse),
+    ("state mv", LockRule::UnlessLockFalse),
+    ("state move", LockRule::UnlessLockFalse),
+    ("state rm", LockRule::UnlessLockFalse),
+    ("state remove", LockRule::UnlessLockFalse),
+    ("state push", LockRule::UnlessLockFalse),
+    ("state replace-provider", LockRule::UnlessLockFalse),
+    ("workspace delete", LockRule::UnlessLockFalse),
+    ("env delete", LockRule::UnlessLockFalse),
+    // init (even -backend=false: it loads the backend stored by the last init) and workspace new
+    // call the backend's StateMgr for a workspace that may not exist yet; -lock only governs init's
+    // state migration and workspace new's -state copy.
+    ("init", LockRule::Always),
+    ("workspace new", LockRule::Always),
+    ("env new", LockRule::Always),
+    // No -lock flag: its flag set forces stateLock on (terraform up to 1.14, every OpenTofu).
+    ("console", LockRule::Always),
+    ("workspace select", LockRule::WithOrCreate),
+    ("env select", LockRule::WithOrCreate),
+];
+
+/// The two-word commands of terraform and OpenTofu: mitchellh/cli takes a second word into the
+/// subcommand only when the pair is one of them (`state rmx a` is `state` with operands).
+const NESTED: &[&str] = &[
+    "env delete",
+    "env list",
+    "env new",
+    "env select",
+    "metadata functions",
+    "providers lock",
+    "providers mirror",
+    "providers schema",
+    "state identities",
+    "state list",
+    "state ls",
+    "state move",
     "state mv",
-    "state rm",
+    "state pull",
     "state push",
+    "state remove",
     "state replace-provider",
-    "workspace new",
+    "state rm",
+    "state show",
     "workspace delete",
+    "workspace list",
+    "workspace new",
+    "workspace select",
+    "workspace show",
+];
+
+/// Flags of the locking subcommands that take no value (Go `BoolVar`: `-name` or `-name=BOOL`,
+/// never `-name BOOL`), over terraform 1.0 to 1.17-dev and OpenTofu 1.6 to 1.13-dev. No flag is a
+/// bool in one of them and takes a value in another.
+const BOOL_FLAGS: &[&str] = &[
+    "allow-deferral",
+    "allow-missing",
+    "allow-missing-config",
+    "auto-approve",
+    "backend",
+    "cloud",
+    "compact-warnings",
+    "concise",
+    "consolidate-errors",
+    "consolidate-warnings",
+    "create-default-workspace",
+    "destroy",
+    "detailed-exitcode",
+    "dry-run",
+    "enable-pluggable-state-storage-experiment",
+    "force",
+    "force-copy",
+    "get",
+    "ignore-remote-version",
+    "input",
+    "json",
+    "lock",
+    "migrate-state",
+    "minimal-refresh",
+    "no-color",
+    "or-create",
+    "plan",
+    "reconfigure",
+    "refresh",
+    "refresh-only",
+    "show-sensitive",
+    "suppress-forget-errors",
+    "upgrade",
+];
+
+/// Flags of the locking subcommands that take a value (`-name=V` or `-name V`), same versions.
+const VALUE_FLAGS: &[&str] = &[
+    "backend-config",
+    "backup",
+    "backup-out",
+    "config",
+    "deprecation",
+    "exclude",
+    "exclude-file",
+    "from-module",
+    "generate-config-out",
+    "invoke",
+    "json-into",
+    "lock-timeout",
+    "lockfile",
+    "out",
+    "parallelism",
+    "plugin-dir",
+    "policies",
+    "replace",
+    "scope",
+    "state",
+    "state-out",
+    "state-provider-lock-file",
+    "target",
+    "target-file",
+    "test-directory",
+    "var",
+    "var-file",
 ];
 
 /// A parsed terraform command line.
+///
+/// It is read the way terraform and OpenTofu read it: main.go takes `-chdir=DIR` off the front
+/// and inserts `TF_CLI_ARGS` and `TF_CLI_ARGS_<subcommand>` after the subcommand, mitchellh/cli
+/// finds the subcommand and answers `-h` with help, and the subcommand's Go `flag.FlagSet` reads
+/// flags up to its first operand or `--`, the last occurrence of a flag winning. Where tfinit
+/// cannot follow that exactly (a flag it does not know, a value Go rejects, shell quoting in
+/// `TF_CLI_ARGS`), a subcommand that may lock counts as locking: a needless record costs a file,
+/// a missing one leaves a lock that no later run can prove stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
     /// `apply`, `state rm`, `version`... or empty when there is none (`terraform -version`).
     pub subcommand: String,
     /// The `-chdir=DIR` global option, if given.
     pub chdir: Option<String>,
+    /// Whether the run takes the state lock.
+    locks: bool,
+    /// NAME of `workspace new|delete|select NAME` (or `env ...`), when read exactly.
+    workspace_arg: Option<String>,
 }
 
 impl Invocation {
-    /// Parses terraform's arguments (without argv[0]).
-    pub fn parse(args: &[String]) -> Invocation {
-        let mut chdir = None;
-        let mut words: Vec<&str> = Vec::new();
-        for a in args {
-            if words.is_empty() {
-                if let Some(d) = a
-                    .strip_prefix("-chdir=")
-                    .or_else(|| a.strip_prefix("--chdir="))
-                {
-                    chdir = Some(d.to_string());
-                    continue;
-                }
-                if a.starts_with('-') {
-                    continue;
-                }
-                words.push(a);
-                if !matches!(a.as_str(), "state" | "workspace" | "providers") {
-                    break;
-                }
-            } else {
-                if !a.starts_with('-') {
-                    words.push(a);
-                }
-                break;
-            }
-        }
+    /// Parses terraform's arguments (without argv[0]) in the run's environment (`KEY=VALUE`).
+    pub fn parse(args: &[String], env: &[String]) -> Invocation {
+        let (chdir, args) = take_chdir(args);
+        let typed = find_subcommand(&args).map_or(String::new(), |(s, e)| args[s..e].join(" "));
+        let merged = merge_env_args(&args, &typed, env);
+        let env_unsure = merged.is_none();
+        let args = merged.unwrap_or(args);
+        let Some((start, end)) = find_subcommand(&args) else {
+            return Invocation {
+                subcommand: String::new(),
+                chdir,
+                locks: env_unsure,
+                workspace_arg: None,
+            };
+        };
+        let subcommand = args[start..end].join(" ");
+        let rule = LOCKING
+            .iter()
+            .find(|(name, _)| *name == subcommand)
+            .map(|(_, rule)| *rule);
+        let read = Readings {
+            global: Reading::before_subcommand(&args[..start]),
+            go: Reading::of(&args[end..], Reader::Go),
+            urfave: Reading::of(&args[end..], Reader::Urfave),
+        };
+        let locks = if env_unsure {
+            // Words tfinit could not split may complete `state` into `state rm`.
+            rule.is_some()
+                || NESTED
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{subcommand} ")))
+        } else {
+            read.locks(rule)
+        };
+        let names_workspace = matches!(
+            subcommand.as_str(),
+            "workspace new"
+                | "workspace delete"
+                | "workspace select"
+                | "env new"
+                | "env delete"
+                | "env select"
+        );
+        let exact = !env_unsure && !read.global.unsure && !read.go.unsure;
         Invocation {
-            subcommand: words.join(" "),
+            workspace_arg: read.go.operand.filter(|_| names_workspace && exact),
+            subcommand,
             chdir,
+            locks,
         }
     }
 
-    /// Whether this command acquires the state lock (and so needs a lock-owner record).
-    ///
-    /// `init` counts whatever `-lock` says (only `-backend=false` keeps it off the backend): a
-    /// remote backend's StateMgr takes the lock to create a workspace's missing state (Operation
-    /// `init`) and ignores -lock, and tfinit cannot know the backend before the first init.
-    pub fn takes_lock(&self, args: &[String]) -> bool {
-        if self.subcommand == "init" {
-            return !args.iter().any(|a| {
-                a.strip_prefix("--")
-                    .or_else(|| a.strip_prefix('-'))
-                    .and_then(|o| o.strip_prefix("backend="))
-                    .is_some_and(go_false)
-            });
-        }
-        if !LOCKING.contains(&self.subcommand.as_str()) {
-            return false;
-        }
-        // -lock=false disables locking.
-        !args
-            .iter()
-            .any(|a| a == "-lock=false" || a == "--lock=false")
+    /// Whether this command acquires the state lock (and so needs a lock-owner record). See
+    /// [`LOCKING`] for which subcommands do and [`Invocation`] for how the flags are read.
+    pub fn takes_lock(&self) -> bool {
+        self.locks
+    }
+
+    /// The NAME of `workspace new|delete|select NAME` (or `env ...`): the workspace whose state
+    /// such a run locks. None for other commands, or when the arguments could not be read exactly.
+    pub fn workspace_arg(&self) -> Option<&str> {
+        self.workspace_arg.as_deref()
     }
 
     /// The directory terraform works in: cwd, or cwd joined with -chdir.
@@ -119,9 +269,282 @@ impl Invocation {
     }
 }
 
-/// Whether Go's flag package reads `v` as false (strconv.ParseBool).
-fn go_false(v: &str) -> bool {
-    matches!(v, "0" | "f" | "F" | "false" | "FALSE" | "False")
+/// The non-empty value of `key` in `KEY=VALUE` strings; the first one counts, as for Go's
+/// os.Getenv (syscall's copyenv keeps the first of duplicate keys).
+pub fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .filter(|v| !v.is_empty())
+}
+
+/// terraform's extractChdirOption: among the leading arguments that start with `-`, the last
+/// `-chdir=DIR` is the directory and is removed (earlier ones stay, and terraform then refuses
+/// them as flags before the subcommand). `-chdir` or `-chdir=` alone make terraform exit 1 and
+/// are left in place. Only one dash: `--chdir=DIR` is not the option.
+fn take_chdir(args: &[String]) -> (Option<String>, Vec<String>) {
+    let mut found = None;
+    for (i, a) in args.iter().enumerate() {
+        if !a.starts_with('-') {
+            break;
+        }
+        if a == "-chdir" || a == "-chdir=" {
+            return (None, args.to_vec());
+        }
+        if let Some(dir) = a.strip_prefix("-chdir=") {
+            found = Some((i, dir.to_string()));
+        }
+    }
+    let mut rest = args.to_vec();
+    let dir = found.map(|(i, dir)| {
+        rest.remove(i);
+        dir
+    });
+    (dir, rest)
+}
+
+/// mitchellh/cli's processArgs: the subcommand is the first argument that is neither empty nor a
+/// flag, joined with the next when the pair is a two-word command. Returns where its words start
+/// and end in `args`; None when `--` or an argument with a space comes first (terraform then
+/// prints its help and runs nothing).
+fn find_subcommand(args: &[String]) -> Option<(usize, usize)> {
+    for (i, a) in args.iter().enumerate() {
+        if a == "--" {
+            return None;
+        }
+        if a.is_empty() || a.starts_with('-') {
+            continue;
+        }
+        if a.contains(' ') {
+            return None;
+        }
+        let nested = args
+            .get(i + 1)
+            .is_some_and(|b| NESTED.iter().any(|n| n.split_once(' ') == Some((a, b))));
+        return Some((i, if nested { i + 2 } else { i + 1 }));
+    }
+    None
+}
+
+/// terraform's mergeEnvArgs for `TF_CLI_ARGS`, then `TF_CLI_ARGS_<subcommand>` (spaces and dashes
+/// as `_`): each value's words go right after the first argument equal to the subcommand's last
+/// word (at the front when there is none), so the command-specific words end up first and the
+/// command line's own arguments last. None when a value has characters go-shellwords interprets
+/// (quotes, `\`, `$`, parentheses, backquotes, `;&|<>`): tfinit splits only plain words on
+/// space, tab, CR and LF, which every go-shellwords version splits the same way.
+fn merge_env_args(args: &[String], subcommand: &str, env: &[String]) -> Option<Vec<String>> {
+    const SHELL: [char; 12] = ['\\', '\'', '"', '`', '$', '(', ')', ';', '&', '|', '<', '>'];
+    let search = subcommand.rsplit(' ').next().unwrap_or_default();
+    let mut merged = args.to_vec();
+    let specific = format!("TF_CLI_ARGS_{}", subcommand.replace(['-', ' '], "_"));
+    for name in ["TF_CLI_ARGS", specific.as_str()] {
+        let Some(value) = env_value(env, name) else {
+            continue;
+        };
+        if value.contains(SHELL) {
+            return None;
+        }
+        let words = value
+            .split([' ', '\t', '\r', '\n'])
+            .filter(|w| !w.is_empty())
+            .map(str::to_string);
+        let at = merged.iter().position(|a| a == search).map_or(0, |i| i + 1);
+        merged.splice(at..at, words);
+    }
+    Some(merged)
+}
+
+/// The two ways a subcommand's arguments are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    /// Go's flag package (terraform; OpenTofu up to 1.12, and 1.13 with
+    /// TOFU_EXPERIMENTAL_CLI_ENABLED=false): flags end at the first operand, at `-`, or after `--`.
+    Go,
+    /// urfave/cli v3, OpenTofu 1.13's default (unreleased): flags are also read after operands, up
+    /// to `--` or `-`. Read too so that a `-lock=true` there is not missed.
+    Urfave,
+}
+
+/// What one reader found in a command line's arguments.
+#[derive(Debug, Default)]
+struct Reading {
+    /// The last `-lock` value read.
+    lock: Option<bool>,
+    /// The last `-or-create` value read.
+    or_create: Option<bool>,
+    /// `-h`, `-help` or `--help` read as a flag: help is printed and nothing runs.
+    help: bool,
+    /// `-v`, `-version` or `--version` read as a flag: terraform runs `version` instead.
+    version: bool,
+    /// Where Go's flag package stopped: the first operand ([`Reader::Go`] only).
+    operand: Option<String>,
+    /// Reading stopped at something it cannot follow exactly.
+    unsure: bool,
+}
+
+impl Reading {
+    /// Reads a subcommand's arguments as `reader` does. Stops at help or version (nothing runs)
+    /// and at anything it cannot follow (then `unsure`).
+    fn of(args: &[String], reader: Reader) -> Reading {
+        let mut r = Reading::default();
+        let mut rest = args.iter();
+        while let Some(a) = rest.next() {
+            // Meta.process and arguments.ParseView remove these wherever they are, before the flag
+            // set reads anything.
+            if is_view_word(a) {
+                continue;
+            }
+            if a == "--" {
+                if reader == Reader::Go {
+                    r.operand = rest.find(|a| !is_view_word(a)).cloned();
+                }
+                break;
+            }
+            if reader == Reader::Urfave && a.trim() != a && a.trim().starts_with('-') {
+                // urfave trims an argument before looking at it; Go does not.
+                r.unsure = true;
+                break;
+            }
+            if a == "-" || !a.starts_with('-') {
+                match reader {
+                    Reader::Go => {
+                        r.operand = Some(a.clone());
+                        break;
+                    }
+                    Reader::Urfave if a == "-" => break,
+                    Reader::Urfave => continue,
+                }
+            }
+            if matches!(a.as_str(), "-h" | "-help" | "--help") {
+                r.help = true;
+                break;
+            }
+            if matches!(a.as_str(), "-v" | "-version" | "--version") {
+                r.version = true;
+                break;
+            }
+            let body = a.strip_prefix("--").unwrap_or(&a[1..]);
+            if body.is_empty() || body.starts_with(['-', '=']) {
+                // Go: "bad flag syntax", the command exits 1.
+                r.unsure = true;
+                break;
+            }
+            if reader == Reader::Urfave
+                && !a.starts_with("--")
+                && !body.starts_with(char::is_alphabetic)
+            {
+                // urfave takes `-1...` and what follows as operands.
+                break;
+            }
+            let (name, value) = match body.split_once('=') {
+                Some((name, value)) => (name, Some(value)),
+                None => (body, None),
+            };
+            if BOOL_FLAGS.contains(&name) {
+                // Go's ParseBool; it rejects `-lock=` and `-lock=yes`, and the command exits 1.
+                let Some(on) = value.map_or(Some(true), go_bool) else {
+                    r.unsure = true;
+                    break;
+                };
+                match name {
+                    "lock" => r.lock = Some(on),
+                    "or-create" => r.or_create = Some(on),
+                    _ => {}
+                }
+            } else if VALUE_FLAGS.contains(&name) || value.is_some() {
+                // A view word as the value: Go gets the word after it (the view word is gone by
+                // then), urfave gets the view word itself.
+                if value.is_none() && !rest.next().is_some_and(|v| !is_view_word(v)) {
+                    r.unsure = true;
+                    break;
+                }
+            } else {
+                // Unknown, without `=`: whether it takes the next argument is unknown.
+                r.unsure = true;
+                break;
+            }
+        }
+        r
+    }
+
+    /// Reads the arguments before the subcommand. terraform refuses every flag there ("Invalid
+    /// flags before the subcommand") but help, version and the `-chdir=DIR` it already took.
+    fn before_subcommand(args: &[String]) -> Reading {
+        let mut r = Reading::default();
+        for a in args {
+            match a.as_str() {
+                "" => {}
+                "-h" | "-help" | "--help" => r.help = true,
+                "-v" | "-version" | "--version" => r.version = true,
+                _ if a.starts_with("-chdir=") && a.len() > "-chdir=".len() => {}
+                _ => {
+                    r.unsure = true;
+                    break;
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The readings of one command line: the arguments before the subcommand, and the subcommand's
+/// own as each [`Reader`] reads them.
+struct Readings {
+    global: Reading,
+    go: Reading,
+    urfave: Reading,
+}
+
+impl Readings {
+    /// Whether a subcommand with `rule` (None: one that never locks) takes the lock: unless
+    /// nothing runs, when terraform (Go's flag package) or OpenTofu 1.13 (urfave/cli) would lock,
+    /// or when tfinit could not follow the command line.
+    fn locks(&self, rule: Option<LockRule>) -> bool {
+        let Readings { global, go, urfave } = self;
+        if global.unsure {
+            return rule.is_some();
+        }
+        if global.help || global.version || urfave.help || urfave.version {
+            // Help is printed, or `version` runs instead: nothing touches the state.
+            return false;
+        }
+        let unsure = go.unsure || urfave.unsure;
+        match rule {
+            None => false,
+            Some(LockRule::Always) => true,
+            Some(LockRule::UnlessLockFalse) => {
+                unsure || go.lock != Some(false) || urfave.lock != Some(false)
+            }
+            Some(LockRule::WithOrCreate) => {
+                unsure || go.or_create == Some(true) || urfave.or_create == Some(true)
+            }
+        }
+    }
+}
+
+/// Arguments terraform and OpenTofu remove from a subcommand's arguments before its flags are
+/// read (Meta.process: `-no-color`; arguments.ParseView: the others).
+fn is_view_word(a: &str) -> bool {
+    matches!(
+        a,
+        "-no-color"
+            | "-compact-warnings"
+            | "-concise"
+            | "-consolidate-warnings"
+            | "-consolidate-warnings=true"
+            | "-consolidate-warnings=false"
+            | "-consolidate-errors"
+            | "-consolidate-errors=true"
+            | "-consolidate-errors=false"
+    ) || a.starts_with("-deprecation=module:")
+}
+
+/// Go's strconv.ParseBool, which reads `-name=VALUE` of a bool flag.
+fn go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// argv with the values of -var, -var-file, -backend-config and secret-looking `KEY=VALUE`
@@ -252,63 +675,402 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
+    /// Whether terraform with `args` (after argv[0]) and environment `env` takes the state lock.
+    fn locks_with(env: &[&str], args: &[&str]) -> bool {
+        Invocation::parse(&s(args), &s(env)).takes_lock()
+    }
+
+    fn locks(args: &[&str]) -> bool {
+        locks_with(&[], args)
+    }
+
+    fn subcommand(args: &[&str]) -> String {
+        Invocation::parse(&s(args), &[]).subcommand
+    }
+
+    fn chdir(args: &[&str]) -> Option<String> {
+        Invocation::parse(&s(args), &[]).chdir
+    }
+
+    /// Asserts `locks(case) == want` for every case, naming the case that fails.
+    fn expect(want: bool, cases: &[&[&str]]) {
+        for c in cases {
+            assert_eq!(locks(c), want, "{c:?}");
+        }
+    }
+
     #[test]
-    fn subcommands() {
+    fn the_subcommand_is_the_first_word_or_a_registered_pair() {
+        assert_eq!(subcommand(&["apply", "-auto-approve"]), "apply");
+        assert_eq!(subcommand(&["state", "rm", "a.b"]), "state rm");
+        assert_eq!(subcommand(&["workspace", "new", "x"]), "workspace new");
+        assert_eq!(subcommand(&["env", "new", "x"]), "env new");
+        assert_eq!(subcommand(&["state", "remove", "a.b"]), "state remove");
+        assert_eq!(subcommand(&["", "plan"]), "plan");
+        // A second word that is no registered pair is an operand; a flag ends the words.
+        assert_eq!(subcommand(&["state", "rmx", "a.b"]), "state");
+        assert_eq!(subcommand(&["state", "-lock=false", "rm"]), "state");
+        assert_eq!(subcommand(&["-version"]), "");
+        assert_eq!(subcommand(&["--", "apply"]), "");
+        assert_eq!(subcommand(&["apply now"]), "");
+    }
+
+    #[test]
+    fn chdir_is_the_last_single_dash_option_before_the_subcommand() {
+        assert_eq!(chdir(&["-chdir=x", "plan"]).as_deref(), Some("x"));
         assert_eq!(
-            Invocation::parse(&s(&["apply", "-auto-approve"])).subcommand,
-            "apply"
+            chdir(&["-chdir=a", "-chdir=b", "plan"]).as_deref(),
+            Some("b")
         );
-        assert_eq!(
-            Invocation::parse(&s(&["-chdir=x", "plan"]))
-                .chdir
-                .as_deref(),
-            Some("x")
+        assert_eq!(chdir(&["plan", "-chdir=x"]), None);
+        assert_eq!(chdir(&["--chdir=x", "plan"]), None);
+        assert_eq!(chdir(&["-chdir=", "plan"]), None);
+        assert_eq!(subcommand(&["-chdir=x", "plan"]), "plan");
+    }
+
+    #[test]
+    fn the_last_lock_flag_wins() {
+        expect(
+            true,
+            &[
+                &["plan", "-lock=false", "-lock=true"],
+                &["apply", "-lock=false", "-lock"],
+            ],
         );
-        assert_eq!(
-            Invocation::parse(&s(&["state", "rm", "a.b"])).subcommand,
-            "state rm"
-        );
-        assert_eq!(
-            Invocation::parse(&s(&["state", "-lock=false", "rm"])).subcommand,
-            "state"
-        );
-        assert_eq!(Invocation::parse(&s(&["-version"])).subcommand, "");
-        assert_eq!(
-            Invocation::parse(&s(&["workspace", "new", "x"])).subcommand,
-            "workspace new"
+        expect(
+            false,
+            &[
+                &["plan", "-lock=true", "-lock=false"],
+                &["apply", "-lock", "-lock=0"],
+            ],
         );
     }
 
     #[test]
-    fn locking() {
-        let a = s(&["apply", "-auto-approve"]);
-        assert!(Invocation::parse(&a).takes_lock(&a));
-        let a = s(&["apply", "-lock=false"]);
-        assert!(!Invocation::parse(&a).takes_lock(&a));
-        // init may take the lock (to create a missing state), -lock=false or not.
-        for c in [
-            &["init"][..],
-            &["init", "-lock=false"],
-            &["-chdir=x", "init", "-input=false", "-backend=true"],
-        ] {
-            let a = s(c);
-            assert!(Invocation::parse(&a).takes_lock(&a), "{c:?}");
+    fn every_spelling_go_reads_as_false_turns_locking_off() {
+        for v in ["0", "f", "F", "false", "FALSE", "False"] {
+            for dashes in ["-", "--"] {
+                let flag = format!("{dashes}lock={v}");
+                assert!(!locks(&["apply", &flag]), "{flag}");
+            }
         }
-        for c in [
-            &["init", "-backend=false"][..],
-            &["init", "--backend=0"],
-            &["output", "-json"],
-            &["show"],
-            &["version"],
-            &["providers"],
-            &["validate"],
-            &["state", "list"],
-        ] {
-            let a = s(c);
-            assert!(!Invocation::parse(&a).takes_lock(&a), "{c:?}");
+        for v in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert!(locks(&["apply", &format!("-lock={v}")]), "{v}");
         }
-        let a = s(&["state", "rm", "x"]);
-        assert!(Invocation::parse(&a).takes_lock(&a));
+        expect(true, &[&["apply", "-lock"], &["apply", "--lock"]]);
+    }
+
+    #[test]
+    fn a_bool_flag_never_takes_the_next_argument() {
+        // `-lock false` is -lock=true followed by the operand "false" (a plan file name).
+        expect(
+            true,
+            &[&["apply", "-lock", "false"], &["plan", "-lock", "0"]],
+        );
+    }
+
+    #[test]
+    fn flags_end_at_the_first_operand_or_after_a_double_dash() {
+        expect(
+            true,
+            &[
+                &["apply", "plan.tfplan", "-lock=false"],
+                &["state", "rm", "a.b", "-lock=false"],
+                &["taint", "a.b", "-lock=false"],
+                &["apply", "--", "-lock=false"],
+                &["apply", "-", "-lock=false"],
+            ],
+        );
+        expect(false, &[&["apply", "-lock=false", "plan.tfplan"]]);
+    }
+
+    #[test]
+    fn a_lock_turned_on_after_an_operand_counts() {
+        // OpenTofu 1.13's urfave/cli reads flags after operands too.
+        expect(
+            true,
+            &[&["apply", "-lock=false", "plan.tfplan", "-lock=true"]],
+        );
+        expect(
+            false,
+            &[&["apply", "-lock=false", "plan.tfplan", "-lock=false"]],
+        );
+    }
+
+    #[test]
+    fn a_value_flag_takes_the_next_argument_even_a_lock_flag() {
+        expect(
+            true,
+            &[
+                &["apply", "-target", "-lock=false"],
+                &["plan", "-var-file", "-lock=false"],
+                &["state", "mv", "-state-out", "-lock=false", "a", "b"],
+            ],
+        );
+        expect(
+            false,
+            &[
+                &["plan", "-var", "x=1", "-lock=false"],
+                &["plan", "-lock-timeout", "5s", "-lock=false", "-out", "p"],
+                &["import", "-config", "dir", "-lock=false", "a.b", "id"],
+            ],
+        );
+    }
+
+    #[test]
+    fn view_words_are_removed_before_flags_are_read() {
+        expect(
+            false,
+            &[
+                &["plan", "-no-color", "-lock=false"],
+                &["apply", "-lock=false", "-no-color", "-compact-warnings"],
+                &[
+                    "plan",
+                    "-concise",
+                    "-deprecation=module:none",
+                    "-lock=false",
+                ],
+            ],
+        );
+        // Go gives -out the word after -no-color (which is gone by then); urfave gives it
+        // -no-color: not knowing which, it locks.
+        expect(true, &[&["plan", "-out", "-no-color", "-lock=false"]]);
+    }
+
+    #[test]
+    fn flags_tfinit_cannot_follow_count_as_locking() {
+        expect(
+            true,
+            &[
+                // Unknown, no `=`: it may take -lock=false as its value.
+                &["apply", "-some-new-flag", "-lock=false"],
+                // Values Go's ParseBool rejects, bad syntax, a missing value.
+                &["apply", "-lock=yes"],
+                &["apply", "-lock="],
+                &["apply", "---lock=false"],
+                &["apply", "-lock=false", "-lock-timeout"],
+            ],
+        );
+        // With `=` an unknown flag takes nothing else.
+        expect(false, &[&["apply", "-some-new-flag=1", "-lock=false"]]);
+    }
+
+    #[test]
+    fn init_locks_whatever_its_flags_say() {
+        // A remote backend's StateMgr creates a missing workspace state under the lock; with
+        // -backend=false init still loads the backend the last init stored.
+        expect(
+            true,
+            &[
+                &["init"],
+                &["init", "-lock=false"],
+                &["init", "-backend=false"],
+                &["init", "--backend=0"],
+                &["-chdir=x", "init", "-input=false", "-backend=true"],
+            ],
+        );
+    }
+
+    #[test]
+    fn workspace_new_locks_even_with_lock_false() {
+        expect(
+            true,
+            &[
+                &["workspace", "new", "x"],
+                &["workspace", "new", "-lock=false", "x"],
+                &["env", "new", "x"],
+            ],
+        );
+    }
+
+    #[test]
+    fn workspace_select_locks_only_with_or_create() {
+        expect(
+            true,
+            &[
+                &["workspace", "select", "-or-create", "x"],
+                &["workspace", "select", "-or-create=true", "x"],
+                &["env", "select", "-or-create", "x"],
+                // Go ignores it there; OpenTofu 1.13 reads it.
+                &["workspace", "select", "x", "-or-create"],
+            ],
+        );
+        expect(
+            false,
+            &[
+                &["workspace", "select", "x"],
+                &["workspace", "select", "-or-create=false", "x"],
+                &["workspace", "select", "-or-create", "-or-create=f", "x"],
+            ],
+        );
+    }
+
+    #[test]
+    fn workspace_delete_and_the_state_commands_honour_lock_false() {
+        expect(
+            true,
+            &[
+                &["workspace", "delete", "x"],
+                &["env", "delete", "-force", "x"],
+                &["state", "rm", "a.b"],
+                &["state", "push", "-force", "s.tfstate"],
+                &["state", "replace-provider", "-auto-approve", "a", "b"],
+                &["untaint", "-allow-missing", "a.b"],
+            ],
+        );
+        expect(
+            false,
+            &[
+                &["workspace", "delete", "-lock=false", "x"],
+                &["state", "mv", "-dry-run", "-lock=false", "a", "b"],
+                &["taint", "-lock=false", "a.b"],
+            ],
+        );
+    }
+
+    #[test]
+    fn opentofu_aliases_lock_like_the_commands_they_name() {
+        expect(
+            true,
+            &[&["state", "move", "a", "b"], &["state", "remove", "a"]],
+        );
+        expect(
+            false,
+            &[&["state", "remove", "-lock=false", "a"], &["state", "ls"]],
+        );
+    }
+
+    #[test]
+    fn operations_lock_in_every_mode() {
+        expect(
+            true,
+            &[
+                &["apply", "-auto-approve"],
+                &["apply", "plan.tfplan"],
+                &["apply", "-refresh-only", "-auto-approve"],
+                &["destroy", "-auto-approve"],
+                &["plan", "-refresh=false"],
+                &["plan", "-destroy", "-out=p"],
+                &["refresh"],
+                &["import", "a.b", "id"],
+                &["console"],
+                &["console", "-var", "x=1"],
+            ],
+        );
+    }
+
+    #[test]
+    fn read_only_commands_never_lock() {
+        expect(
+            false,
+            &[
+                &[],
+                &["output", "-json"],
+                &["show"],
+                &["show", "plan.tfplan"],
+                &["graph"],
+                &["validate"],
+                &["version"],
+                &["get"],
+                &["fmt", "-check"],
+                &["test"],
+                &["login"],
+                &["providers"],
+                &["providers", "lock"],
+                &["providers", "schema", "-json"],
+                &["metadata", "functions", "-json"],
+                &["state", "list"],
+                &["state", "show", "a.b"],
+                &["state", "pull"],
+                &["state"],
+                &["state", "-lock=false", "rm", "a.b"],
+                &["workspace", "list"],
+                &["workspace", "show"],
+                &["force-unlock", "-force", "id"],
+                &["typo", "-lock=true"],
+            ],
+        );
+    }
+
+    #[test]
+    fn help_and_version_flags_run_nothing() {
+        expect(
+            false,
+            &[
+                &["apply", "-h"],
+                &["apply", "-auto-approve", "-help"],
+                &["plan", "--help"],
+                &["init", "-h"],
+                &["-help", "apply"],
+                &["apply", "-version"],
+                &["-v", "apply"],
+                &["workspace", "new", "--version"],
+            ],
+        );
+        // After `--`, or as a flag's value, they are arguments like any other.
+        expect(true, &[&["apply", "--", "-h"], &["apply", "-target", "-h"]]);
+    }
+
+    #[test]
+    fn tf_cli_args_go_after_the_subcommand_and_before_the_command_line() {
+        assert!(!locks_with(&["TF_CLI_ARGS=-lock=false"], &["apply"]));
+        assert!(!locks_with(
+            &["TF_CLI_ARGS_state_rm=-lock=false"],
+            &["state", "rm", "a"]
+        ));
+        assert!(!locks_with(
+            &["TF_CLI_ARGS_workspace_delete=-force  -lock=false\t"],
+            &["workspace", "delete", "x"]
+        ));
+        // The command line's own flags come last and win; another command's variable is ignored.
+        assert!(locks_with(
+            &["TF_CLI_ARGS_apply=-lock=false"],
+            &["apply", "-lock=true"]
+        ));
+        assert!(locks_with(&["TF_CLI_ARGS_plan=-lock=false"], &["apply"]));
+        // An operand from the environment ends the flags before the command line's -lock=false.
+        assert!(locks_with(
+            &["TF_CLI_ARGS_apply=p.tfplan"],
+            &["apply", "-lock=false"]
+        ));
+        // go-shellwords would unquote this; tfinit does not guess how.
+        assert!(locks_with(
+            &["TF_CLI_ARGS=-var 'a=b c'"],
+            &["apply", "-lock=false"]
+        ));
+        assert!(locks_with(&["TF_CLI_ARGS=\"-lock=false\""], &["apply"]));
+        // Unsplit words might also turn `state` into `state rm`; they change no read-only command.
+        assert!(locks_with(&["TF_CLI_ARGS_state=\"rm\""], &["state", "a.b"]));
+        assert!(!locks_with(&["TF_CLI_ARGS='-no-color'"], &["output"]));
+        // The first of duplicate variables counts, as for Go's os.Getenv; empty means unset.
+        assert!(locks_with(
+            &["TF_CLI_ARGS=-lock=true", "TF_CLI_ARGS=-lock=false"],
+            &["apply"]
+        ));
+        assert!(locks_with(&["TF_CLI_ARGS="], &["apply"]));
+        // The environment can run version instead.
+        assert!(!locks_with(&["TF_CLI_ARGS=-version"], &["apply"]));
+    }
+
+    #[test]
+    fn workspace_commands_name_the_workspace_they_lock() {
+        let arg = |args: &[&str]| {
+            Invocation::parse(&s(args), &[])
+                .workspace_arg()
+                .map(str::to_string)
+        };
+        assert_eq!(arg(&["workspace", "new", "x"]).as_deref(), Some("x"));
+        assert_eq!(
+            arg(&["workspace", "new", "-state", "old.tfstate", "x"]).as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            arg(&["env", "select", "-or-create", "--", "x"]).as_deref(),
+            Some("x")
+        );
+        assert_eq!(arg(&["workspace", "delete", "-force"]), None);
+        assert_eq!(arg(&["workspace", "new", "-unknown", "x"]), None);
+        assert_eq!(arg(&["apply", "x"]), None);
     }
 
     #[test]

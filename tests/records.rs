@@ -264,7 +264,6 @@ fn commands_that_take_no_lock_write_no_record() {
         r#"ls "$STATE"/records/*.json 2>/dev/null | wc -l | tr -d ' ' >> "$OUT""#,
     );
     let none = [
-        "init -input=false -backend=false",
         "output -json",
         "show -json",
         "version",
@@ -274,7 +273,9 @@ fn commands_that_take_no_lock_write_no_record() {
         "state pull",
         "workspace select default",
         "plan -lock=false",
+        "plan -lock=true -lock=0",
         "apply -lock=false -auto-approve",
+        "apply -auto-approve -help",
         "force-unlock -force 1234",
     ];
     let locking = [
@@ -289,9 +290,17 @@ fn commands_that_take_no_lock_write_no_record() {
         "state mv a.b a.c",
         "state push x.tfstate",
         "state replace-provider -auto-approve a b",
-        // A remote backend's init takes the lock to create a missing state, whatever -lock says.
+        // Go's flag package: the last -lock wins, and flags end at the first operand.
+        "plan -lock=false -lock=true",
+        "apply plan.tfplan -lock=false",
+        // A remote backend's StateMgr takes the lock to create a missing state, whatever -lock
+        // says: init (even -backend=false, which loads the backend the last init stored),
+        // workspace new, workspace select -or-create.
         "init -input=false",
         "init -input=false -lock=false",
+        "init -input=false -backend=false",
+        "workspace new -lock=false feature",
+        "workspace select -or-create feature",
     ];
     // A finished run's record is removed by the recorder right after the shim got its exit code:
     // before the next command, wait (with a deadline) until it is gone, so each count is its own.

@@ -97,7 +97,7 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
         .collect::<Result<_, _>>()?;
     // Read here, in the shim's own process: the init's loop never reads in a working directory
     // (a hung volume there would stall it).
-    let workdir = terraform::Invocation::parse(&args).workdir(&cwd);
+    let workdir = terraform::Invocation::parse(&args, &env).workdir(&cwd);
     let workspace = crate::locks::stored_workspace(&env, &workdir);
     Ok(RunRequest {
         program: utf8("path", program.as_os_str())?,

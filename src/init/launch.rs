@@ -32,16 +32,11 @@ impl Init {
         }
         let id = self.next_run;
         self.next_run += 1;
-        let invocation = Invocation::parse(&req.args);
+        let invocation = Invocation::parse(&req.args, &req.env);
         let cwd = PathBuf::from(&req.cwd);
         let workdir = invocation.workdir(&cwd);
-        let locking = invocation.takes_lock(&req.args);
-        let workspace = crate::locks::workspace_of(
-            &req.args,
-            &invocation.subcommand,
-            &req.env,
-            req.workspace.as_deref(),
-        );
+        let locking = invocation.takes_lock();
+        let workspace = crate::locks::workspace_of(&invocation, &req.env, req.workspace.as_deref());
         let job = Job {
             id: format!("r{id}"),
             cwd,

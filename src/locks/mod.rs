@@ -16,6 +16,7 @@ pub mod store;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::terraform::{env_value, Invocation};
 use record::{Ended, Heartbeat, Owner, Record};
 
 /// What the liveness rules read of a record: its owner, its last write and how it ended.
@@ -106,27 +107,16 @@ pub fn last_alive_ms(rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 
         .saturating_add(ttl.as_millis() as u64)
 }
 
-/// The terraform workspace a run with `args` and environment `env` works on:
-/// `workspace new|delete NAME` lock NAME's state; otherwise $TF_WORKSPACE, else `stored` (the
-/// workspace `terraform workspace select` stored in the data directory, which the shim reads and
-/// sends: see [`stored_workspace`]), else `default`. Pure: reads no file.
-pub fn workspace_of(
-    args: &[String],
-    subcommand: &str,
-    env: &[String],
-    stored: Option<&str>,
-) -> String {
-    if subcommand == "workspace new" || subcommand == "workspace delete" {
-        let verb = subcommand.trim_start_matches("workspace ");
-        let name = args
-            .iter()
-            .skip_while(|a| *a != "workspace")
-            .skip_while(|a| *a != verb)
-            .skip(1)
-            .find(|a| !a.starts_with('-'));
-        if let Some(n) = name.filter(|n| record::valid_workspace(n)) {
-            return n.clone();
-        }
+/// The terraform workspace a run of `invocation` with environment `env` works on:
+/// `workspace new|delete|select NAME` lock NAME's state; otherwise $TF_WORKSPACE, else `stored`
+/// (the workspace `terraform workspace select` stored in the data directory, which the shim reads
+/// and sends: see [`stored_workspace`]), else `default`. Pure: reads no file.
+pub fn workspace_of(invocation: &Invocation, env: &[String], stored: Option<&str>) -> String {
+    if let Some(n) = invocation
+        .workspace_arg()
+        .filter(|n| record::valid_workspace(n))
+    {
+        return n.to_string();
     }
     if let Some(w) = env_value(env, "TF_WORKSPACE").filter(|w| record::valid_workspace(w)) {
         return w.to_string();
@@ -145,13 +135,6 @@ pub fn stored_workspace(env: &[String], workdir: &Path) -> Option<String> {
     let stored = std::fs::read_to_string(workdir.join(data_dir).join("environment")).ok()?;
     let stored = stored.trim();
     record::valid_workspace(stored).then(|| stored.to_string())
-}
-
-/// The non-empty value of `key` in `KEY=VALUE` strings.
-fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
-    env.iter()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-        .filter(|v| !v.is_empty())
 }
 
 /// The `Who` terraform writes in its lock info for a run with environment `env`: `user@hostname`,
@@ -232,34 +215,52 @@ mod tests {
     #[test]
     fn workspace_from_args_env_and_data_dir() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let run = |args: &[&str], env: &[&str], stored: Option<&str>| {
+            let env = s(env);
+            workspace_of(&Invocation::parse(&s(args), &env), &env, stored)
+        };
         let dir = std::env::temp_dir().join(format!("tfinit-ws-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join(".terraform")).unwrap();
         assert_eq!(stored_workspace(&[], &dir), None);
-        assert_eq!(workspace_of(&s(&["apply"]), "apply", &[], None), "default");
+        assert_eq!(run(&["apply"], &[], None), "default");
         std::fs::write(dir.join(".terraform/environment"), "staging\n").unwrap();
         let stored = stored_workspace(&[], &dir);
         assert_eq!(stored.as_deref(), Some("staging"));
+        assert_eq!(run(&["apply"], &[], stored.as_deref()), "staging");
         assert_eq!(
-            workspace_of(&s(&["apply"]), "apply", &[], stored.as_deref()),
-            "staging"
-        );
-        assert_eq!(
-            workspace_of(
-                &s(&["apply"]),
-                "apply",
-                &s(&["TF_WORKSPACE=prod"]),
-                stored.as_deref()
-            ),
+            run(&["apply"], &["TF_WORKSPACE=prod"], stored.as_deref()),
             "prod"
         );
         assert_eq!(
-            workspace_of(
-                &s(&["workspace", "new", "-lock-timeout=1s", "feature"]),
-                "workspace new",
-                &s(&["TF_WORKSPACE=prod"]),
+            run(
+                &["workspace", "new", "-lock-timeout=1s", "feature"],
+                &["TF_WORKSPACE=prod"],
                 stored.as_deref()
             ),
+            "feature"
+        );
+        // NAME is the first operand as Go's flag package reads it: `-lock-timeout 1s` takes the
+        // next argument as its value, so `1s` is no workspace.
+        assert_eq!(
+            run(
+                &["workspace", "new", "-lock-timeout", "1s", "feature"],
+                &[],
+                stored.as_deref()
+            ),
+            "feature"
+        );
+        // `select -or-create` creates NAME under NAME's lock; `env` is the old name of `workspace`.
+        assert_eq!(
+            run(
+                &["workspace", "select", "-or-create", "feature"],
+                &[],
+                stored.as_deref()
+            ),
+            "feature"
+        );
+        assert_eq!(
+            run(&["env", "new", "--", "feature"], &[], stored.as_deref()),
             "feature"
         );
         // TF_DATA_DIR moves the file; the default one is then not read.
@@ -272,10 +273,7 @@ mod tests {
         // A stored value that is no valid workspace name is not used, read or sent.
         std::fs::write(dir.join(".terraform/environment"), "../../etc").unwrap();
         assert_eq!(stored_workspace(&[], &dir), None);
-        assert_eq!(
-            workspace_of(&s(&["plan"]), "plan", &[], Some("../../etc")),
-            "default"
-        );
+        assert_eq!(run(&["plan"], &[], Some("../../etc")), "default");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -409,6 +409,8 @@ pub struct Book {
     observer: Observer,
     /// Incarnations the kernel proves gone, as of the last table.
     gone: Vec<String>,
+    /// Incarnations a process of which the kernel says holds their lock file (alive).
+    held: Vec<String>,
     /// Another live incarnation of our name was reported.
     shared_reported: bool,
     fence: FenceStage,
@@ -443,6 +445,7 @@ impl Book {
             stale_reported: false,
             observer: Observer::new(ttl),
             gone: Vec::new(),
+            held: Vec::new(),
             shared_reported: false,
             fence: FenceStage::Clear,
             runs: HashMap::new(),
@@ -783,6 +786,7 @@ impl Book {
             }
         }
         self.gone.clone_from(&t.gone);
+        self.held.clone_from(&t.held);
         self.table = Some(t);
     }
 
@@ -970,8 +974,14 @@ impl Book {
     /// Whether `e`'s run is over, may run, or is being watched, as this observer sees it now.
     fn run_state(&self, e: &Entry, now: Instant) -> RunState {
         let key = e.facts.owner.key();
-        let gone = self.gone.contains(&key);
-        super::run_state(&self.me, &e.facts, gone, self.observer.verdict(&key, now))
+        let kernel = if self.gone.contains(&key) {
+            Some(true)
+        } else if self.held.contains(&key) {
+            Some(false)
+        } else {
+            None
+        };
+        super::run_state(&self.me, &e.facts, kernel, self.observer.verdict(&key, now))
     }
 
     /// Not known to be alive (over, or being watched), and not already reported by this
@@ -1109,6 +1119,7 @@ mod tests {
                 })
                 .collect(),
             gone: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -1459,6 +1470,33 @@ mod tests {
         b.on_completion(opened(t, tab), t);
         assert_eq!(b.dead_records(t), 1);
         assert_eq!(b.proven_gone(), [earlier.key()]);
+    }
+
+    #[test]
+    fn an_incarnation_whose_lock_file_a_process_holds_is_alive_whatever_its_heartbeat_does() {
+        // An init that died outside a PID namespace leaves its terraform behind, holding the
+        // lock file: its heartbeat stops, but the kernel says a process of it lives.
+        let t = Instant::now();
+        let mut b = book(t);
+        let orphaned = other("pod-o", 0);
+        let recs = vec![entry("o1", "/tf/o", orphaned.clone(), T0)];
+        let mut scan = |at: Instant| {
+            let mut tab = table(at, recs.clone(), vec![beat(orphaned.clone(), 4, T0)]);
+            tab.held = vec![orphaned.key()];
+            tab
+        };
+        b.on_completion(opened(t, scan(t)), t);
+        let later = t + TTL * 2;
+        b.on_completion(Completion::Table(scan(later)), later);
+        assert!(!b.needs_recovery(Path::new("/tf/o"), later));
+        assert_eq!(b.dead_records(later), 0);
+        // Negative case: the same watch without the kernel's word is dead.
+        let mut b = book(t);
+        let plain = |at: Instant| table(at, recs.clone(), vec![beat(orphaned.clone(), 4, T0)]);
+        b.on_completion(opened(t, plain(t)), t);
+        b.on_completion(Completion::Table(plain(later)), later);
+        assert!(b.needs_recovery(Path::new("/tf/o"), later));
+        assert_eq!(b.dead_records(later), 1);
     }
 
     #[test]

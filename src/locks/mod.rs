@@ -58,13 +58,19 @@ pub enum RunState {
     },
 }
 
-/// Whether the run of a record with `rec` is over, for observer `me`, given whether the kernel
-/// proves its incarnation gone (`gone`: see [`store::Store::incarnation_gone`]) and what `me`
-/// has seen of its heartbeat (`verdict`). The only proofs are: the init saw its terraform die
-/// (`ended`), the kernel freed the lock every process of its incarnation held, or a read a full
-/// TTL after its heartbeat was first seen shows it unchanged. No wall-clock stamp is compared
-/// with any clock.
-pub fn run_state(me: &Owner, rec: &Facts, gone: bool, verdict: liveness::Verdict) -> RunState {
+/// Whether the run of a record with `rec` is over, for observer `me`, given what the kernel says
+/// of its incarnation's lock file (`kernel`, see [`store::Store::incarnation_gone`]: Some(true)
+/// every process of it is gone, Some(false) one still holds it, None nothing known) and what
+/// `me` has seen of its heartbeat (`verdict`). The only proofs of an end are: the init saw its
+/// terraform die (`ended`), the kernel freed the lock every process of its incarnation held, or
+/// a read a full TTL after its heartbeat was first seen shows it unchanged (and the kernel does
+/// not say a process of it lives). No wall-clock stamp is compared with any clock.
+pub fn run_state(
+    me: &Owner,
+    rec: &Facts,
+    kernel: Option<bool>,
+    verdict: liveness::Verdict,
+) -> RunState {
     if let Some(end) = &rec.ended {
         return RunState::Over(format!(
             "its terraform ended ({}) and may have left its lock",
@@ -74,7 +80,12 @@ pub fn run_state(me: &Owner, rec: &Facts, gone: bool, verdict: liveness::Verdict
     if rec.owner.same_incarnation(me) {
         return RunState::Alive;
     }
-    if gone {
+    if kernel == Some(false) {
+        // A process of that incarnation holds its lock file: whatever its heartbeat does (an
+        // init that died outside a PID namespace leaves its runs behind), it is alive.
+        return RunState::Alive;
+    }
+    if kernel == Some(true) {
         return RunState::Over(format!(
             "every process of incarnation {} is gone (the kernel freed the lock file they all held)",
             rec.owner.incarnation()

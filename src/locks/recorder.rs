@@ -98,6 +98,9 @@ pub struct Table {
     pub beats: Vec<Beat>,
     /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`]).
     pub gone: Vec<String>,
+    /// The incarnations with records a process of which holds their lock file: alive, whatever
+    /// their heartbeat does.
+    pub held: Vec<String>,
 }
 
 /// One read of an incarnation's heartbeat, timed on the reader's monotonic clock.
@@ -603,6 +606,7 @@ impl Worker {
         }
         let mut beats = Vec::new();
         let mut gone = Vec::new();
+        let mut held = Vec::new();
         for owner in owners {
             if owner.same_incarnation(&self.me) {
                 continue;
@@ -613,8 +617,13 @@ impl Worker {
             let provable = heartbeat.as_ref().is_some_and(|h| h.holds_lock)
                 && !owner.boot_id.is_empty()
                 && owner.boot_id == self.me.boot_id;
-            if provable && self.store.incarnation_gone(&owner) == Some(true) {
-                gone.push(owner.key());
+            match provable
+                .then(|| self.store.incarnation_gone(&owner))
+                .flatten()
+            {
+                Some(true) => gone.push(owner.key()),
+                Some(false) => held.push(owner.key()),
+                None => {}
             }
             beats.push(Beat {
                 owner,
@@ -645,6 +654,7 @@ impl Worker {
             records,
             beats,
             gone,
+            held,
         }
     }
 

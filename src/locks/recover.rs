@@ -249,7 +249,7 @@ impl Recovery {
             let now = Instant::now();
             let mut longest = Duration::ZERO;
             for o in &owners {
-                if self.gone(o) {
+                if self.kernel(o).is_some() {
                     continue;
                 }
                 self.read_beat(observer, o);
@@ -280,30 +280,32 @@ impl Recovery {
         observer.saw(&owner.key(), token, started, Instant::now());
     }
 
-    /// Whether the kernel proves every process of `owner` gone (it ran on this kernel, said it
-    /// held its lock file, and the flock is free).
-    fn gone(&self, owner: &Owner) -> bool {
-        !owner.boot_id.is_empty()
+    /// What the kernel says of `owner`'s lock file when it ran on this kernel and said it held
+    /// it: Some(true) every process of it is gone, Some(false) one still holds it (alive).
+    fn kernel(&self, owner: &Owner) -> Option<bool> {
+        let provable = !owner.boot_id.is_empty()
             && owner.boot_id == self.me.boot_id
             && self
                 .store
                 .read_heartbeat(owner)
-                .is_some_and(|h| h.holds_lock)
-            && self.store.incarnation_gone(owner) == Some(true)
+                .is_some_and(|h| h.holds_lock);
+        provable
+            .then(|| self.store.incarnation_gone(owner))
+            .flatten()
     }
 
     /// Whether `rec`'s run is over, with a fresh read of its owner's heartbeat.
     fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
         let facts = Facts::of(rec);
         if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
-            return super::run_state(&self.me, &facts, false, Verdict::Alive);
+            return super::run_state(&self.me, &facts, None, Verdict::Alive);
         }
-        let gone = self.gone(&rec.owner);
-        if !gone {
+        let kernel = self.kernel(&rec.owner);
+        if kernel.is_none() {
             self.read_beat(observer, &rec.owner);
         }
         let verdict = observer.verdict(&rec.owner.key(), Instant::now());
-        super::run_state(&self.me, &facts, gone, verdict)
+        super::run_state(&self.me, &facts, kernel, verdict)
     }
 
     fn one(

@@ -10,6 +10,7 @@ pub mod config;
 pub mod init;
 pub mod locks;
 pub mod logging;
+pub mod metrics;
 pub mod protocol;
 pub mod signals;
 pub mod sys;

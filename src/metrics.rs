@@ -1,0 +1,720 @@
+//! Prometheus metrics of the init and its terraform runs (`TFINIT_METRICS_ADDR`, `tfinit metrics`).
+//!
+//! The loop records what happens (a run ended, a zombie reaped, a signal forwarded) into
+//! counters, gauges and histograms made of atomics, with every label set created up front: a
+//! record never allocates and never waits on the scraper. The scraper (the HTTP thread, or the
+//! loop answering `tfinit metrics`) encodes them with the `prometheus-client` crate, in the
+//! OpenMetrics text format that Prometheus scrapes (`application/openmetrics-text`).
+//!
+//! Names follow Prometheus conventions: one `tfinit_` prefix, base units (`_seconds`), counters
+//! end in `_total`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+/// How a run ended, as `tfinit_runs_total{outcome}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// terraform exited 0.
+    Succeeded,
+    /// terraform exited with another code.
+    Failed,
+    /// terraform died of a signal nobody in tfinit sent (the OOM killer, a person).
+    Signalled,
+    /// terraform ended after its one graceful SIGTERM (shutdown, cancel, an abandoned shim, the
+    /// heartbeat fence).
+    StoppedGracefully,
+    /// terraform's group was SIGKILLed by tfinit.
+    Killed,
+    /// the init refused to start it (draining, shutting down): exit code 75.
+    Refused,
+}
+
+impl Outcome {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Signalled => "signalled",
+            Outcome::StoppedGracefully => "stopped_gracefully",
+            Outcome::Killed => "killed",
+            Outcome::Refused => "refused",
+        }
+    }
+
+    const ALL: [Outcome; 6] = [
+        Outcome::Succeeded,
+        Outcome::Failed,
+        Outcome::Signalled,
+        Outcome::StoppedGracefully,
+        Outcome::Killed,
+        Outcome::Refused,
+    ];
+}
+
+/// A run's state, as `tfinit_runs{state}` counts the runs in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunState {
+    /// Waiting for a lock recovery in its directory (or for the store to tell whether one is
+    /// needed).
+    Recovering,
+    /// Waiting for its lock-owner record.
+    Recording,
+    /// Waiting for a place under TFINIT_MAX_RUNS.
+    Queued,
+    /// terraform runs.
+    Running,
+    /// terraform runs and was asked to stop (its graceful SIGTERM) or killed.
+    Stopping,
+}
+
+impl RunState {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RunState::Recovering => "recovering",
+            RunState::Recording => "recording",
+            RunState::Queued => "queued",
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+        }
+    }
+
+    /// Every state, in the order of [`RunCounts`].
+    pub const ALL: [RunState; 5] = [
+        RunState::Recovering,
+        RunState::Recording,
+        RunState::Queued,
+        RunState::Running,
+        RunState::Stopping,
+    ];
+}
+
+/// How many runs are in each [`RunState`], in the order of [`RunState::ALL`].
+pub type RunCounts = [i64; 5];
+
+/// How a cancel was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cancel {
+    /// The one graceful SIGTERM.
+    Graceful,
+    /// SIGKILL of the run's group.
+    Force,
+}
+
+impl Cancel {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cancel::Graceful => "graceful",
+            Cancel::Force => "force",
+        }
+    }
+}
+
+/// The subcommands `tfinit_runs_total` and the duration histogram name; anything else is
+/// `other`, so a typo in a controller cannot grow the label set without bound.
+const SUBCOMMANDS: [&str; 38] = [
+    "apply",
+    "console",
+    "destroy",
+    "env delete",
+    "env list",
+    "env new",
+    "env select",
+    "fmt",
+    "force-unlock",
+    "get",
+    "graph",
+    "import",
+    "init",
+    "login",
+    "logout",
+    "output",
+    "plan",
+    "providers",
+    "refresh",
+    "show",
+    "state list",
+    "state mv",
+    "state pull",
+    "state push",
+    "state replace-provider",
+    "state rm",
+    "state show",
+    "taint",
+    "test",
+    "untaint",
+    "validate",
+    "version",
+    "workspace delete",
+    "workspace list",
+    "workspace new",
+    "workspace select",
+    "workspace show",
+    "other",
+];
+
+/// The label `subcommand`: one of [`SUBCOMMANDS`].
+pub fn subcommand_label(subcommand: &str) -> &'static str {
+    SUBCOMMANDS
+        .iter()
+        .find(|s| **s == subcommand)
+        .copied()
+        .unwrap_or("other")
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RunLabels {
+    subcommand: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SubcommandLabels {
+    subcommand: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SignalLabels {
+    signal: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UnlockLabels {
+    backend: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NameLabels {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CancelLabels {
+    how: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VersionLabels {
+    version: &'static str,
+}
+
+/// Backends `tfinit_force_unlocks_total{backend}` names; anything else is `other`.
+pub const BACKENDS: [&str; 8] = [
+    "s3",
+    "kubernetes",
+    "azurerm",
+    "gcs",
+    "local",
+    "pg",
+    "unsupported",
+    "other",
+];
+
+/// Outcomes of a lock recovery, as `tfinit_force_unlocks_total{outcome}` names them.
+pub const UNLOCK_OUTCOMES: [&str; 9] = [
+    "unlocked",
+    "free",
+    "held_by_other",
+    "ambiguous",
+    "owner_alive",
+    "unknown",
+    "unlock_failed",
+    "needs_person",
+    "nothing_to_release",
+];
+
+/// States of the records store, as `tfinit_records_store_state{state}` names them (1 for the
+/// current one, 0 for the others).
+pub const STORE_STATES: [&str; 5] = [
+    "opening",
+    "open",
+    "failed",
+    "not_answering",
+    "heartbeat_stale",
+];
+
+/// Phases of the shutdown timeline, as `tfinit_shutdown_phase{phase}` names them.
+pub const PHASES: [&str; 3] = ["running", "draining", "stopping"];
+
+/// Signals `tfinit_signals_forwarded_total{signal}` names: the catchable ones the init forwards.
+/// Real-time signals are counted as `SIGRTMIN+N` up to 32; any other is `other`.
+fn signal_labels() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = vec![
+        "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGWINCH", "SIGCONT",
+        "SIGALRM", "SIGURG", "SIGTSTP", "SIGPROF", "SIGVTALRM", "SIGIO", "SIGPWR", "SIGXCPU",
+        "SIGXFSZ", "SIGSTKFLT",
+    ];
+    v.extend(RT_NAMES.iter());
+    v.push("other");
+    v
+}
+
+const RT_NAMES: [&str; 33] = [
+    "SIGRTMIN",
+    "SIGRTMIN+1",
+    "SIGRTMIN+2",
+    "SIGRTMIN+3",
+    "SIGRTMIN+4",
+    "SIGRTMIN+5",
+    "SIGRTMIN+6",
+    "SIGRTMIN+7",
+    "SIGRTMIN+8",
+    "SIGRTMIN+9",
+    "SIGRTMIN+10",
+    "SIGRTMIN+11",
+    "SIGRTMIN+12",
+    "SIGRTMIN+13",
+    "SIGRTMIN+14",
+    "SIGRTMIN+15",
+    "SIGRTMIN+16",
+    "SIGRTMIN+17",
+    "SIGRTMIN+18",
+    "SIGRTMIN+19",
+    "SIGRTMIN+20",
+    "SIGRTMIN+21",
+    "SIGRTMIN+22",
+    "SIGRTMIN+23",
+    "SIGRTMIN+24",
+    "SIGRTMIN+25",
+    "SIGRTMIN+26",
+    "SIGRTMIN+27",
+    "SIGRTMIN+28",
+    "SIGRTMIN+29",
+    "SIGRTMIN+30",
+    "SIGRTMIN+31",
+    "SIGRTMIN+32",
+];
+
+/// Buckets of `tfinit_run_duration_seconds`: from a `version` to a long apply.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// Every metric of the init. Shared (`Arc`) between the loop, which records, and the scraper.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    runs_total: Family<RunLabels, Counter>,
+    run_duration: Family<SubcommandLabels, Histogram, fn() -> Histogram>,
+    runs: Family<StateLabels, Gauge>,
+    zombies: Counter,
+    signals: Family<SignalLabels, Counter>,
+    force_unlocks: Family<UnlockLabels, Counter>,
+    needing_person: Gauge,
+    orphan_candidates: Counter,
+    store_state: Family<NameLabels, Gauge>,
+    shutdown_phase: Family<PhaseLabels, Gauge>,
+    cancels: Family<CancelLabels, Counter>,
+    heartbeat: Arc<HeartbeatAge>,
+}
+
+/// `tfinit_heartbeat_age_seconds`, computed at each scrape from when the last heartbeat that
+/// landed was written (so an idle init needs no timer to keep it current).
+#[derive(Debug)]
+struct HeartbeatAge {
+    /// Nanoseconds from `base` to the last good heartbeat's start, plus one (0: none yet).
+    at_ns: AtomicU64,
+    base: Instant,
+}
+
+impl prometheus_client::collector::Collector for HeartbeatAge {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let at = self.at_ns.load(Ordering::Relaxed);
+        if at == 0 {
+            return Ok(());
+        }
+        let beat = self.base + Duration::from_nanos(at - 1);
+        let age = ConstGauge::new(Instant::now().saturating_duration_since(beat).as_secs_f64());
+        let m = encoder.encode_descriptor(
+            "heartbeat_age_seconds",
+            "Age of this owner's last heartbeat that landed in TFINIT_STATE_DIR",
+            None,
+            age.metric_type(),
+        )?;
+        age.encode(m)
+    }
+}
+
+impl Metrics {
+    /// Every metric at zero, every label set created, for tfinit `version`.
+    pub fn new(version: &'static str) -> Metrics {
+        let mut registry = Registry::with_prefix("tfinit");
+        let runs_total = Family::<RunLabels, Counter>::default();
+        let run_duration: Family<SubcommandLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
+        let runs = Family::<StateLabels, Gauge>::default();
+        let zombies = Counter::default();
+        let signals = Family::<SignalLabels, Counter>::default();
+        let force_unlocks = Family::<UnlockLabels, Counter>::default();
+        let needing_person = Gauge::default();
+        let orphan_candidates = Counter::default();
+        let store_state = Family::<NameLabels, Gauge>::default();
+        let shutdown_phase = Family::<PhaseLabels, Gauge>::default();
+        let cancels = Family::<CancelLabels, Counter>::default();
+        // Every label set now: recording later never takes a family's write lock, so it never
+        // waits for a scrape that holds the read lock.
+        for s in SUBCOMMANDS {
+            for o in Outcome::ALL {
+                let _ = runs_total.get_or_create(&RunLabels {
+                    subcommand: s,
+                    outcome: o.label(),
+                });
+            }
+            let _ = run_duration.get_or_create(&SubcommandLabels { subcommand: s });
+        }
+        for s in RunState::ALL {
+            let _ = runs.get_or_create(&StateLabels { state: s.label() });
+        }
+        for s in signal_labels() {
+            let _ = signals.get_or_create(&SignalLabels { signal: s });
+        }
+        for b in BACKENDS {
+            for o in UNLOCK_OUTCOMES {
+                let _ = force_unlocks.get_or_create(&UnlockLabels {
+                    backend: b,
+                    outcome: o,
+                });
+            }
+        }
+        for s in STORE_STATES {
+            let _ = store_state.get_or_create(&NameLabels { state: s });
+        }
+        for p in PHASES {
+            let _ = shutdown_phase.get_or_create(&PhaseLabels { phase: p });
+        }
+        shutdown_phase
+            .get_or_create(&PhaseLabels { phase: "running" })
+            .set(1);
+        for c in [Cancel::Graceful, Cancel::Force] {
+            let _ = cancels.get_or_create(&CancelLabels { how: c.label() });
+        }
+        registry.register(
+            "runs",
+            "terraform runs that ended, by subcommand and how they ended",
+            runs_total.clone(),
+        );
+        registry.register(
+            "run_duration_seconds",
+            "How long terraform runs took, from the shim's request to terraform's exit",
+            run_duration.clone(),
+        );
+        registry.register(
+            "runs",
+            "terraform runs now, by state",
+            runs.clone(),
+        );
+        registry.register(
+            "zombies_reaped",
+            "Processes the init reaped (terraform, the controller, adopted orphans)",
+            zombies.clone(),
+        );
+        registry.register(
+            "signals_forwarded",
+            "Signals the init forwarded to the controller, by signal (after any rewrite)",
+            signals.clone(),
+        );
+        registry.register(
+            "force_unlocks",
+            "Lock recoveries of dead runs' records, by backend and outcome (outcome=unlocked: a stale lock released)",
+            force_unlocks.clone(),
+        );
+        registry.register(
+            "recoveries_needing_a_person",
+            "Records whose lock only a person can release (needs_person), as of the last recovery",
+            needing_person.clone(),
+        );
+        registry.register(
+            "orphan_candidates",
+            "Resources named in the records of dead runs whose locks were recovered: they may exist outside the state",
+            orphan_candidates.clone(),
+        );
+        registry.register(
+            "records_store_state",
+            "State of the lock-owner records store (1 for the current state)",
+            store_state.clone(),
+        );
+        registry.register(
+            "shutdown_phase",
+            "Phase of the init (1 for the current phase)",
+            shutdown_phase.clone(),
+        );
+        registry.register(
+            "cancels",
+            "Runs cancelled with tfinit cancel, by how",
+            cancels.clone(),
+        );
+        registry.register(
+            "build",
+            "The tfinit build",
+            Info::new(VersionLabels { version }),
+        );
+        let now = Instant::now();
+        let heartbeat = Arc::new(HeartbeatAge {
+            at_ns: AtomicU64::new(0),
+            // Early enough for any heartbeat this process will report.
+            base: now.checked_sub(Duration::from_secs(3600)).unwrap_or(now),
+        });
+        registry.register_collector(Box::new(heartbeat.clone()));
+        Metrics {
+            registry,
+            runs_total,
+            run_duration,
+            runs,
+            zombies,
+            signals,
+            force_unlocks,
+            needing_person,
+            orphan_candidates,
+            store_state,
+            shutdown_phase,
+            cancels,
+            heartbeat,
+        }
+    }
+
+    /// A run of `subcommand` ended with `outcome` after `took` (refused runs count with a zero
+    /// duration, and are not observed in the histogram).
+    pub fn run_ended(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+        let subcommand = subcommand_label(subcommand);
+        self.runs_total
+            .get_or_create(&RunLabels {
+                subcommand,
+                outcome: outcome.label(),
+            })
+            .inc();
+        if outcome != Outcome::Refused {
+            self.run_duration
+                .get_or_create(&SubcommandLabels { subcommand })
+                .observe(took.as_secs_f64());
+        }
+    }
+
+    /// How many runs are in each state now.
+    pub fn set_runs(&self, counts: RunCounts) {
+        for (state, n) in RunState::ALL.into_iter().zip(counts) {
+            self.runs
+                .get_or_create(&StateLabels {
+                    state: state.label(),
+                })
+                .set(n);
+        }
+    }
+
+    /// `n` processes were reaped.
+    pub fn reaped(&self, n: u64) {
+        self.zombies.inc_by(n);
+    }
+
+    /// Signal `name` (`SIGTERM`, `SIGRTMIN+3`) was forwarded.
+    pub fn forwarded(&self, name: &str) {
+        let known = signal_labels();
+        let signal = known
+            .iter()
+            .find(|s| **s == name)
+            .copied()
+            .unwrap_or("other");
+        self.signals.get_or_create(&SignalLabels { signal }).inc();
+    }
+
+    /// A recovery of one record ended with `outcome` (one of [`UNLOCK_OUTCOMES`]) on `backend`,
+    /// and named `orphans` resources in progress.
+    pub fn recovered(&self, backend: &str, outcome: &str, orphans: u64) {
+        let backend = BACKENDS
+            .iter()
+            .find(|b| **b == backend)
+            .copied()
+            .unwrap_or("other");
+        let Some(outcome) = UNLOCK_OUTCOMES.iter().find(|o| **o == outcome).copied() else {
+            return;
+        };
+        self.force_unlocks
+            .get_or_create(&UnlockLabels { backend, outcome })
+            .inc();
+        if matches!(outcome, "unlocked" | "free" | "nothing_to_release") {
+            self.orphan_candidates.inc_by(orphans);
+        }
+    }
+
+    /// Records that wait for a person now.
+    pub fn set_needing_person(&self, n: i64) {
+        self.needing_person.set(n);
+    }
+
+    /// The records store is in `state` (one of [`STORE_STATES`]).
+    pub fn set_store_state(&self, state: &str) {
+        for s in STORE_STATES {
+            self.store_state
+                .get_or_create(&NameLabels { state: s })
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// The last heartbeat that landed was written at `at`.
+    pub fn set_heartbeat(&self, at: Instant) {
+        let ns = at.saturating_duration_since(self.heartbeat.base).as_nanos() as u64;
+        self.heartbeat.at_ns.store(ns + 1, Ordering::Relaxed);
+    }
+
+    /// The init is in `phase` (one of [`PHASES`]).
+    pub fn set_phase(&self, phase: &str) {
+        for p in PHASES {
+            self.shutdown_phase
+                .get_or_create(&PhaseLabels { phase: p })
+                .set(i64::from(p == phase));
+        }
+    }
+
+    /// A run was cancelled.
+    pub fn cancelled(&self, how: Cancel) {
+        self.cancels
+            .get_or_create(&CancelLabels { how: how.label() })
+            .inc();
+    }
+
+    /// Every metric, in the OpenMetrics text format (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 << 10);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The Content-Type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn every_series_is_there_at_zero_and_moves_with_what_it_counts() {
+        let m = Metrics::new("1.2.3");
+        let t = m.render();
+        assert!(t.ends_with("# EOF\n"), "{t}");
+        assert!(t.contains("tfinit_build_info{version=\"1.2.3\"} 1"), "{t}");
+        let ok = "tfinit_runs_total{subcommand=\"apply\",outcome=\"succeeded\"}";
+        assert_eq!(value(&t, ok), Some(0.0), "{t}");
+        m.run_ended("apply", Outcome::Succeeded, Duration::from_secs(3));
+        m.run_ended("frobnicate", Outcome::Failed, Duration::from_millis(10));
+        m.run_ended("plan", Outcome::Refused, Duration::ZERO);
+        m.reaped(3);
+        m.forwarded("SIGTERM");
+        m.forwarded("SIGRTMIN+3");
+        m.forwarded("SIGBOGUS");
+        m.recovered("s3", "unlocked", 2);
+        m.recovered("consul", "nothing_to_release", 0);
+        m.set_runs([0, 1, 2, 3, 4]);
+        m.set_store_state("open");
+        m.set_phase("draining");
+        m.cancelled(Cancel::Graceful);
+        m.set_heartbeat(Instant::now() - Duration::from_secs(2));
+        let t = m.render();
+        assert_eq!(value(&t, ok), Some(1.0), "{t}");
+        assert_eq!(
+            value(&t, "tfinit_runs_total{subcommand=\"other\",outcome=\"failed\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_runs_total{subcommand=\"plan\",outcome=\"refused\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_run_duration_seconds_count{subcommand=\"apply\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_run_duration_seconds_count{subcommand=\"plan\"}"),
+            Some(0.0),
+            "refused runs have no duration"
+        );
+        assert_eq!(value(&t, "tfinit_zombies_reaped_total"), Some(3.0));
+        assert_eq!(
+            value(&t, "tfinit_signals_forwarded_total{signal=\"SIGTERM\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_signals_forwarded_total{signal=\"SIGRTMIN+3\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_signals_forwarded_total{signal=\"other\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_force_unlocks_total{backend=\"s3\",outcome=\"unlocked\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_force_unlocks_total{backend=\"other\",outcome=\"nothing_to_release\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(value(&t, "tfinit_orphan_candidates_total"), Some(2.0));
+        assert_eq!(value(&t, "tfinit_runs{state=\"stopping\"}"), Some(4.0));
+        assert_eq!(
+            value(&t, "tfinit_records_store_state{state=\"open\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_records_store_state{state=\"failed\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_shutdown_phase{phase=\"draining\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_shutdown_phase{phase=\"running\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&t, "tfinit_cancels_total{how=\"graceful\"}"),
+            Some(1.0)
+        );
+        let age = value(&t, "tfinit_heartbeat_age_seconds").unwrap();
+        assert!((2.0..10.0).contains(&age), "{age}");
+    }
+
+    #[test]
+    fn a_metric_with_no_heartbeat_yet_is_left_out() {
+        let t = Metrics::new("x").render();
+        assert!(!t.contains("tfinit_heartbeat_age_seconds"), "{t}");
+    }
+}

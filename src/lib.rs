@@ -11,6 +11,7 @@ pub mod init;
 pub mod locks;
 pub mod logging;
 pub mod metrics;
+pub mod metrics_server;
 pub mod protocol;
 pub mod signals;
 pub mod sys;

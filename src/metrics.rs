@@ -263,9 +263,24 @@ pub const PHASES: [&str; 3] = ["running", "draining", "stopping"];
 /// Real-time signals are counted as `SIGRTMIN+N` up to 32; any other is `other`.
 fn signal_labels() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = vec![
-        "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGWINCH", "SIGCONT",
-        "SIGALRM", "SIGURG", "SIGTSTP", "SIGPROF", "SIGVTALRM", "SIGIO", "SIGPWR", "SIGXCPU",
-        "SIGXFSZ", "SIGSTKFLT",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGTERM",
+        "SIGWINCH",
+        "SIGCONT",
+        "SIGALRM",
+        "SIGURG",
+        "SIGTSTP",
+        "SIGPROF",
+        "SIGVTALRM",
+        "SIGIO",
+        "SIGPWR",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGSTKFLT",
     ];
     v.extend(RT_NAMES.iter());
     v.push("other");
@@ -424,11 +439,7 @@ impl Metrics {
             "How long terraform runs took, from the shim's request to terraform's exit",
             run_duration.clone(),
         );
-        registry.register(
-            "runs",
-            "terraform runs now, by state",
-            runs.clone(),
-        );
+        registry.register("runs", "terraform runs now, by state", runs.clone());
         registry.register(
             "zombies_reaped",
             "Processes the init reaped (terraform, the controller, adopted orphans)",
@@ -643,15 +654,24 @@ mod tests {
         let t = m.render();
         assert_eq!(value(&t, ok), Some(1.0), "{t}");
         assert_eq!(
-            value(&t, "tfinit_runs_total{subcommand=\"other\",outcome=\"failed\"}"),
+            value(
+                &t,
+                "tfinit_runs_total{subcommand=\"other\",outcome=\"failed\"}"
+            ),
             Some(1.0)
         );
         assert_eq!(
-            value(&t, "tfinit_runs_total{subcommand=\"plan\",outcome=\"refused\"}"),
+            value(
+                &t,
+                "tfinit_runs_total{subcommand=\"plan\",outcome=\"refused\"}"
+            ),
             Some(1.0)
         );
         assert_eq!(
-            value(&t, "tfinit_run_duration_seconds_count{subcommand=\"apply\"}"),
+            value(
+                &t,
+                "tfinit_run_duration_seconds_count{subcommand=\"apply\"}"
+            ),
             Some(1.0)
         );
         assert_eq!(

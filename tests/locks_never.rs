@@ -24,17 +24,16 @@ use serde_json::json;
 use std::fs;
 use std::process::Stdio;
 
-#[test]
-fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
-    if !have_deps() {
-        return;
-    }
-    let w = World::new("lock-laptop");
-    // Somebody's laptop (not a pod) runs the apply and dies holding the lock.
-    let mut laptop = common::unshare();
-    laptop
-        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
-        .args(["sh", "-c", "hostname laptop && exec \"$0\" \"$@\""])
+/// terraform applying (for `sleep` seconds) in `w`'s workspace as root on host `host`, in a PID
+/// namespace of its own but without tfinit: its lock's Who is `root@<host>`.
+fn apply_outside_tfinit(w: &World, host: &str, sleep: u32) -> Pod {
+    let mut c = common::unshare();
+    c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
+        .args([
+            "sh",
+            "-c",
+            &format!("hostname {host} && exec \"$0\" \"$@\""),
+        ])
         .arg(deps().join("bin/terraform"))
         .args(["apply", "-auto-approve", "-input=false", "-no-color"])
         .current_dir(&w.ws)
@@ -42,14 +41,24 @@ fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/root")
         .env("CHECKPOINT_DISABLE", "1")
-        .env("TF_VAR_sleep", "30")
+        .env("TF_VAR_sleep", sleep.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut laptop = Pod {
-        child: laptop.spawn().unwrap(),
-        log: w.tmp.join("laptop.log"),
-    };
+    Pod {
+        child: c.spawn().unwrap(),
+        log: w.tmp.join(&format!("{host}.log")),
+    }
+}
+
+#[test]
+fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
+    if !have_deps() {
+        return;
+    }
+    let w = World::new("lock-laptop");
+    // Somebody's laptop (not a pod) runs the apply and dies holding the lock.
+    let mut laptop = apply_outside_tfinit(&w, "laptop", 30);
     let lock = wait_for(STEP, "the laptop's lock", || w.moto.lock(STATE));
     assert_eq!(lock["Who"], "root@laptop");
     laptop.kill();
@@ -237,25 +246,7 @@ fn a_live_owner_whose_clock_is_far_behind_is_never_taken_for_dead() {
     }
     let w = World::new("lock-skew");
     // pod-b's terraform holds the lock (its Who: root@pod-b), alive for the whole test.
-    let mut holder = common::unshare();
-    holder
-        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
-        .args(["sh", "-c", "hostname pod-b && exec \"$0\" \"$@\""])
-        .arg(deps().join("bin/terraform"))
-        .args(["apply", "-auto-approve", "-input=false", "-no-color"])
-        .current_dir(&w.ws)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", "/root")
-        .env("CHECKPOINT_DISABLE", "1")
-        .env("TF_VAR_sleep", "120")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut holder = Pod {
-        child: holder.spawn().unwrap(),
-        log: w.tmp.join("pod-b.log"),
-    };
+    let mut holder = apply_outside_tfinit(&w, "pod-b", 120);
     let lock = wait_for(STEP, "pod-b's lock", || w.moto.lock(STATE));
     assert_eq!(lock["Who"], "root@pod-b");
     // Its record and heartbeat, stamped by a clock 31 s behind ours.

@@ -1173,6 +1173,18 @@ mod tests {
         b.begin(run, Path::new("/tf/x"), "default", &[], now, None)
     }
 
+    /// Begins run `run` in /tf/x and lands its record as `path`.
+    fn recorded(b: &mut Book, run: &str, path: &str, now: Instant) -> Vec<Event> {
+        begin(b, run, now);
+        b.on_completion(
+            Completion::Created {
+                run: run.into(),
+                result: Ok(path.into()),
+            },
+            now,
+        )
+    }
+
     #[test]
     fn a_run_waits_for_its_record_and_starts_when_it_lands() {
         let t = Instant::now();
@@ -1335,14 +1347,7 @@ mod tests {
         // Stale whether or not records of ours are on the volume: the next record must not land
         // under it.
         assert!(b.heartbeat_stale(t + TTL));
-        begin(&mut b, "r1", t);
-        b.on_completion(
-            Completion::Created {
-                run: "r1".into(),
-                result: Ok("p1".into()),
-            },
-            t,
-        );
+        recorded(&mut b, "r1", "p1", t);
         let late = t + TTL / 2 + Duration::from_millis(2);
         assert!(b.next_wakeup().is_some_and(|w| w <= late));
         let ev = b.tick(late);
@@ -1528,14 +1533,7 @@ mod tests {
     fn a_recovery_waits_for_end_markings_and_its_rescan() {
         let t = Instant::now();
         let mut b = open_book(t);
-        begin(&mut b, "r1", t);
-        b.on_completion(
-            Completion::Created {
-                run: "r1".into(),
-                result: Ok("p1".into()),
-            },
-            t,
-        );
+        recorded(&mut b, "r1", "p1", t);
         let w = Path::new("/tf/x");
         assert!(b.may_recover(w));
         let end = Ended {
@@ -1700,14 +1698,7 @@ mod tests {
     fn recorded_runs_are_stopped_then_killed_before_any_observer_may_call_us_dead() {
         let t = Instant::now();
         let mut b = open_book(t);
-        begin(&mut b, "r1", t);
-        b.on_completion(
-            Completion::Created {
-                run: "r1".into(),
-                result: Ok("p1".into()),
-            },
-            t,
-        );
+        recorded(&mut b, "r1", "p1", t);
         // An unrecorded run is nobody's concern.
         b.on_completion(
             Completion::Created {

@@ -1485,7 +1485,7 @@ mod tests {
         let mut b = book(t);
         let orphaned = other("pod-o", 0);
         let recs = vec![entry("o1", "/tf/o", orphaned.clone(), T0)];
-        let mut scan = |at: Instant| {
+        let scan = |at: Instant| {
             let mut tab = table(at, recs.clone(), vec![beat(orphaned.clone(), 4, T0)]);
             tab.held = vec![orphaned.key()];
             tab

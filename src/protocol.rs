@@ -207,6 +207,14 @@ pub struct RunRequest {
     pub workspace: Option<String>,
 }
 
+/// The non-empty value of `key` in `KEY=VALUE` strings (a run's environment): the first entry
+/// with that key counts.
+pub fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .filter(|v| !v.is_empty())
+}
+
 /// How a run ended, or why it never started.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitNote {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{read_frame, write_frame};
 use crate::config;
-use crate::init::setup::socket_path;
+use crate::config::socket_path;
 use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::store::FileStore;
 use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
@@ -86,7 +86,7 @@ pub fn resume() -> i32 {
 
 /// `tfinit drain [--wait] [--timeout D]`.
 pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
-    let timeout = match timeout.map(config::parse_duration) {
+    let timeout = match timeout.map(crate::duration::parse_duration) {
         None => None,
         Some(Ok(d)) => Some(d),
         Some(Err(e)) => {
@@ -123,7 +123,7 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
             let runs = last.map(|s| s.runs).unwrap_or_default();
             eprintln!(
                 "tfinit: drain timed out after {}; {} run(s) still going:",
-                config::fmt_duration(timeout.unwrap_or_default()),
+                crate::duration::fmt_duration(timeout.unwrap_or_default()),
                 runs.len()
             );
             for r in runs {

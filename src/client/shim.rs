@@ -17,7 +17,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::{read_frame, write_frame};
 use crate::config;
-use crate::init::setup::socket_path;
+use crate::config::socket_path;
 use crate::protocol::{self, Envelope, ExitNote, Kind, Request, RunRequest, SignalNote};
 use crate::terraform;
 
@@ -98,7 +98,7 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
     // Read here, in the shim's own process: the init's loop never reads in a working directory
     // (a hung volume there would stall it).
     let workdir = terraform::Invocation::parse(&args).workdir(&cwd);
-    let workspace = crate::locks::stored_workspace(&env, &workdir);
+    let workspace = crate::locks::workspace::stored_workspace(&env, &workdir);
     Ok(RunRequest {
         program: utf8("path", program.as_os_str())?,
         argv0: utf8("argv[0]", argv0)?,

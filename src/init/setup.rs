@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{getpid, getuid};
 
+use crate::config::socket_path;
 use crate::signals;
 use crate::sys;
 
@@ -62,11 +63,6 @@ pub struct SocketError {
     pub dir: PathBuf,
     /// What went wrong and what to do.
     pub problem: String,
-}
-
-/// The socket's path inside a run directory.
-pub fn socket_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("tfinit.sock")
 }
 
 /// Creates the run directory (0700, ours) and binds the control socket (0600), non-blocking.

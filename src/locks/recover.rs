@@ -28,11 +28,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::liveness::{self, Observer, Seen, Verdict};
+use super::liveness::{
+    self, last_alive_ms, run_state, Facts, Observer, RunState, Seen, Token, Verdict,
+};
 use super::lockinfo::{self, LockInfo, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
-use super::{Facts, RunState};
+use super::workspace::data_dir;
+use crate::duration::fmt_duration;
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -261,7 +264,7 @@ impl Recovery {
                             owner = %o.name, incarnation = %o.incarnation(),
                             ttl_seconds = self.ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
                             "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for TFINIT_OWNER_TTL ({}) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
-                            left.as_secs_f64(), o.name, o.incarnation(), crate::config::fmt_duration(self.ttl)
+                            left.as_secs_f64(), o.name, o.incarnation(), fmt_duration(self.ttl)
                         );
                     }
                 }
@@ -276,7 +279,7 @@ impl Recovery {
     /// One read of `owner`'s heartbeat, fed to `observer`.
     fn read_beat(&self, observer: &mut Observer, owner: &Owner) {
         let started = Instant::now();
-        let token = self.store.read_heartbeat(owner).map(|h| h.token());
+        let token = self.store.read_heartbeat(owner).map(|h| Token::of(&h));
         observer.saw(&owner.key(), token, started, Instant::now());
     }
 
@@ -296,14 +299,14 @@ impl Recovery {
     fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
         let facts = Facts::of(rec);
         if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
-            return super::run_state(&self.me, &facts, false, Verdict::Alive);
+            return run_state(&self.me, &facts, false, Verdict::Alive);
         }
         let gone = self.gone(&rec.owner);
         if !gone {
             self.read_beat(observer, &rec.owner);
         }
         let verdict = observer.verdict(&rec.owner.key(), Instant::now());
-        super::run_state(&self.me, &facts, gone, verdict)
+        run_state(&self.me, &facts, gone, verdict)
     }
 
     fn one(
@@ -323,7 +326,7 @@ impl Recovery {
         }
         let workdir = Path::new(&rec.workdir);
         let backend = backend_type(workdir);
-        let data_dir = data_dir(workdir);
+        let data_dir = run_data_dir(workdir);
         let outcome = match backend.as_deref() {
             // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
             // runs, in a fresh working directory): the backend is unknown, not local.
@@ -561,7 +564,7 @@ impl Recovery {
             .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name));
         Window {
             not_before_ms: rec.started_ms.saturating_sub(skew),
-            not_after_ms: super::last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
+            not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
                 .saturating_add(skew),
             live_same_who: twin.or_else(|| {
                 self.live
@@ -674,18 +677,15 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// terraform's data directory of `workdir`: `.terraform`, or $TF_DATA_DIR.
-fn data_dir(workdir: &Path) -> PathBuf {
-    let dir = std::env::var_os("TF_DATA_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(".terraform"));
-    workdir.join(dir)
+/// terraform's data directory of `workdir` for this process, which runs with the run's environment
+/// (its TF_DATA_DIR).
+fn run_data_dir(workdir: &Path) -> PathBuf {
+    data_dir(workdir, std::env::var_os("TF_DATA_DIR").as_deref())
 }
 
 /// `.terraform/terraform.tfstate` (or under $TF_DATA_DIR) of `workdir`, parsed.
 fn backend_file(workdir: &Path) -> Option<serde_json::Value> {
-    let file = data_dir(workdir).join("terraform.tfstate");
+    let file = run_data_dir(workdir).join("terraform.tfstate");
     let mut bytes = Vec::new();
     fs::File::open(file)
         .ok()?
@@ -909,7 +909,7 @@ mod tests {
         r.updated_ms = t0;
         let facts = Facts::of(&r);
         // No heartbeat: only the record's last write, plus one TTL.
-        assert_eq!(crate::locks::last_alive_ms(&facts, None, ttl), t0 + 30_000);
+        assert_eq!(last_alive_ms(&facts, None, ttl), t0 + 30_000);
         // Its own heartbeat: the last beat plus one TTL.
         let hb = record::Heartbeat {
             v: record::HEARTBEAT_FORMAT,
@@ -918,10 +918,7 @@ mod tests {
             updated_ms: t0 + 20_000,
             holds_lock: true,
         };
-        assert_eq!(
-            crate::locks::last_alive_ms(&facts, Some(&hb), ttl),
-            t0 + 50_000
-        );
+        assert_eq!(last_alive_ms(&facts, Some(&hb), ttl), t0 + 50_000);
         // Another incarnation's heartbeat says nothing about this one.
         let other = record::Heartbeat {
             owner: Owner {
@@ -930,19 +927,13 @@ mod tests {
             },
             ..hb.clone()
         };
-        assert_eq!(
-            crate::locks::last_alive_ms(&facts, Some(&other), ttl),
-            t0 + 30_000
-        );
+        assert_eq!(last_alive_ms(&facts, Some(&other), ttl), t0 + 30_000);
         // Seen dying: exactly then.
         let mut ended = r.clone();
         ended.ended = Some(Ended {
             ms: t0 + 900,
             how: "killed by SIGKILL".into(),
         });
-        assert_eq!(
-            crate::locks::last_alive_ms(&Facts::of(&ended), Some(&hb), ttl),
-            t0 + 900
-        );
+        assert_eq!(last_alive_ms(&Facts::of(&ended), Some(&hb), ttl), t0 + 900);
     }
 }

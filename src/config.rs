@@ -95,6 +95,17 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
 /// `TFINIT_GRACE_PERIOD` and the flag `--grace-period`.
 type Key = &'static str;
 
+/// The one of `choices` named `name`, or what the names are.
+fn choose<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    match choices.iter().find(|(n, _)| *n == name) {
+        Some((_, c)) => Ok(*c),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            Err(format!("must be {}", names.join(" or ")))
+        }
+    }
+}
+
 /// The environment variable of setting `key`.
 fn env_of(key: Key) -> String {
     format!("TFINIT_{}", key.to_ascii_uppercase())
@@ -123,39 +134,18 @@ impl Namer<'_> {
         }
     }
 
-    /// A duration (`30s`, `5m`, ...), `default` when not given.
-    fn duration(
+    /// Setting `key`'s value made by `parse`, when `given`; `parse`'s error is the problem the
+    /// message names.
+    fn parse<T>(
         &self,
         key: Key,
-        value: Option<&str>,
-        default: Duration,
+        given: Option<&str>,
         example: &str,
-    ) -> Result<Duration, ConfigError> {
-        match value {
-            None => Ok(default),
-            Some(v) => parse_duration(v).map_err(|p| self.bad(key, v, &p, example)),
-        }
-    }
-
-    /// One of `choices` by name; the first when not given.
-    fn choice<T: Copy>(
-        &self,
-        key: Key,
-        value: Option<&str>,
-        choices: &[(&str, T)],
-        example: &str,
-    ) -> Result<T, ConfigError> {
-        let Some(v) = value.map(str::trim) else {
-            return Ok(choices[0].1);
-        };
-        match choices.iter().find(|(name, _)| *name == v) {
-            Some((_, c)) => Ok(*c),
-            None => {
-                let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
-                let problem = format!("must be {}", names.join(" or "));
-                Err(self.bad(key, v, &problem, example))
-            }
-        }
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        given
+            .map(|v| parse(v).map_err(|p| self.bad(key, v, &p, example)))
+            .transpose()
     }
 
     /// An absolute path, `default` when not given.
@@ -230,73 +220,88 @@ pub fn socket_path(run_dir: &Path) -> PathBuf {
     run_dir.join(SOCKET_NAME)
 }
 
-/// "stop_timeout" + "kill_margin" must be smaller than "grace_period". The error names all three where
+/// A text setting as given: None when unset, empty or blank (an empty variable counts as unset:
+/// manifests and Helm charts often render `value: ""`).
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|s| !s.trim().is_empty())
+}
+
+/// A path setting as given: None when unset or empty.
+fn given_path(value: &Option<PathBuf>) -> Option<&PathBuf> {
+    value.as_ref().filter(|p| !p.as_os_str().is_empty())
+}
+
+/// One duration of the shutdown budget, as an error names it.
+struct Part {
+    /// Where it came from (the variable or the flag).
+    name: String,
+    /// The text given, when not the default.
+    given: Option<String>,
+    value: Duration,
+}
+
+impl Part {
+    fn new(n: &Namer, key: Key, given: Option<&str>, value: Duration) -> Part {
+        Part {
+            name: n.name(key),
+            given: given.map(str::to_string),
+            value,
+        }
+    }
+
+    /// `TFINIT_STOP_TIMEOUT (10s, the default)`.
+    fn shown(&self) -> String {
+        let default = if self.given.is_some() {
+            ""
+        } else {
+            ", the default"
+        };
+        format!("{} ({}{default})", self.name, fmt_duration(self.value))
+    }
+}
+
+/// STOP_TIMEOUT + KILL_MARGIN must be smaller than GRACE_PERIOD. The error names all three where
 /// they came from and blames one the user gave (the grace period first: it is the one lowered to
 /// match a pod), with an example that fits the other two.
-fn check_budget(
-    n: &Namer,
-    args: &InitArgs,
-    grace: Duration,
-    stop: Duration,
-    margin: Duration,
-) -> Result<(), ConfigError> {
+fn check_budget(n: &Namer, args: &InitArgs, budget: [Duration; 3]) -> Result<(), ConfigError> {
+    let [grace, stop, margin] = budget;
     if stop + margin < grace {
         return Ok(());
     }
-    let grace_name = n.name("grace_period");
-    let stop_name = n.name("stop_timeout");
-    let margin_name = n.name("kill_margin");
-    let shown = |name: &str, d: Duration, given: &Option<String>| {
-        let default = if given.is_some() { "" } else { ", the default" };
-        format!("{name} ({}{default})", fmt_duration(d))
-    };
+    let grace = Part::new(n, "grace_period", given(&args.grace_period), grace);
+    let stop = Part::new(n, "stop_timeout", given(&args.stop_timeout), stop);
+    let margin = Part::new(n, "kill_margin", given(&args.kill_margin), margin);
     let problem = format!(
         "{} + {} must be smaller than {}: raise the grace period (and the pod's \
          terminationGracePeriodSeconds) or lower the other two",
-        shown(&stop_name, stop, &args.stop_timeout),
-        shown(&margin_name, margin, &args.kill_margin),
-        shown(&grace_name, grace, &args.grace_period),
+        stop.shown(),
+        margin.shown(),
+        grace.shown(),
     );
     let second = Duration::from_secs(1);
-    let fits = |total: Duration, other: Duration| {
+    let fits = |total: &Part, other: &Part| {
         total
-            .checked_sub(other + second)
+            .value
+            .checked_sub(other.value + second)
             .filter(|d| !d.is_zero())
             .map(fmt_duration)
     };
-    let grace_example = fmt_duration(stop + margin + second);
+    let grace_example = fmt_duration(stop.value + margin.value + second);
     let candidates = [
-        (
-            args.grace_period.is_some(),
-            &grace_name,
-            &args.grace_period,
-            grace,
-            Some(grace_example.clone()),
-        ),
-        (
-            args.stop_timeout.is_some(),
-            &stop_name,
-            &args.stop_timeout,
-            stop,
-            fits(grace, margin),
-        ),
-        (
-            args.kill_margin.is_some(),
-            &margin_name,
-            &args.kill_margin,
-            margin,
-            fits(grace, stop),
-        ),
+        (&grace, Some(grace_example.clone())),
+        (&stop, fits(&grace, &margin)),
+        (&margin, fits(&grace, &stop)),
     ];
-    let (name, given, value, example) = candidates
+    let (blamed, example) = candidates
         .into_iter()
-        .find_map(|(blamed, name, given, value, example)| {
-            Some((name, given, value, example.filter(|_| blamed)?))
-        })
-        .unwrap_or((&grace_name, &args.grace_period, grace, grace_example));
+        .find_map(|(part, example)| Some((part, example.filter(|_| part.given.is_some())?)))
+        .unwrap_or((&grace, grace_example));
     Err(ConfigError {
-        source_name: name.clone(),
-        value: given.clone().unwrap_or_else(|| fmt_duration(value)),
+        source_name: blamed.name.clone(),
+        value: blamed
+            .given
+            .clone()
+            .unwrap_or_else(|| fmt_duration(blamed.value)),
         problem,
         example,
     })
@@ -306,26 +311,24 @@ impl InitConfig {
     /// Validates the init's settings; `matches` (when given) lets errors name flags.
     pub fn from_args(args: &InitArgs, matches: Option<&ArgMatches>) -> Result<Self, ConfigError> {
         let n = Namer { matches };
-        // An empty variable counts as unset: manifests and Helm charts often render `value: ""`.
-        let args = &args.without_empty();
         let (forward, rewrite) = forwarding(&n, args)?;
         let (grace_period, stop_timeout, kill_margin) = budget(&n, args)?;
         let (log_level, log_format) = logs(&n, args)?;
         let run_dir = run_dir(&n, args)?;
         let state_dir = n.path(
             "state_dir",
-            args.state_dir.as_ref(),
+            given_path(&args.state_dir),
             PathBuf::from(DEFAULT_STATE_DIR),
             DEFAULT_STATE_DIR,
         )?;
         let owner = owner(&n, args)?;
         let (owner_ttl, record_timeout) = record_timers(&n, args)?;
-        let force_unlock = n.choice(
-            "force_unlock",
-            args.force_unlock.as_deref(),
-            &[("auto", true), ("off", false)],
-            "auto",
-        )?;
+        let text = given(&args.force_unlock).map(str::trim);
+        let force_unlock = n
+            .parse("force_unlock", text, "auto", |v| {
+                choose(v, &[("auto", true), ("off", false)])
+            })?
+            .unwrap_or(true);
         Ok(InitConfig {
             forward,
             rewrite,
@@ -347,63 +350,63 @@ impl InitConfig {
 
 /// Where forwarded signals go, and how they are rewritten first.
 fn forwarding(n: &Namer, args: &InitArgs) -> Result<(ForwardTo, Rewrites), ConfigError> {
-    let forward = n.choice(
-        "forward",
-        args.forward.as_deref(),
-        &[("group", ForwardTo::Group), ("child", ForwardTo::Child)],
-        "group",
-    )?;
-    let rewrite = match args.rewrite.as_deref() {
-        None => Rewrites::default(),
-        Some(v) => parse_rewrites(v).map_err(|p| n.bad("rewrite", v, &p, "TERM:INT,USR1:HUP"))?,
-    };
+    let text = given(&args.forward).map(str::trim);
+    let forward = n
+        .parse("forward", text, "group", |v| {
+            choose(
+                v,
+                &[("group", ForwardTo::Group), ("child", ForwardTo::Child)],
+            )
+        })?
+        .unwrap_or(ForwardTo::Group);
+    let rewrite = n
+        .parse(
+            "rewrite",
+            given(&args.rewrite),
+            "TERM:INT,USR1:HUP",
+            parse_rewrites,
+        )?
+        .unwrap_or_default();
     Ok((forward, rewrite))
 }
 
 /// The shutdown budget: grace period, stop timeout, kill margin, which must fit together.
 fn budget(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration, Duration), ConfigError> {
-    let grace = n.duration(
-        "grace_period",
-        args.grace_period.as_deref(),
-        DEFAULT_GRACE,
-        "30s",
-    )?;
-    let stop = n.duration(
-        "stop_timeout",
-        args.stop_timeout.as_deref(),
-        DEFAULT_STOP_TIMEOUT,
-        "10s",
-    )?;
-    let margin = n.duration(
-        "kill_margin",
-        args.kill_margin.as_deref(),
-        DEFAULT_KILL_MARGIN,
-        "2s",
-    )?;
-    check_budget(n, args, grace, stop, margin)?;
+    let durations = [
+        ("grace_period", &args.grace_period, DEFAULT_GRACE, "30s"),
+        (
+            "stop_timeout",
+            &args.stop_timeout,
+            DEFAULT_STOP_TIMEOUT,
+            "10s",
+        ),
+        ("kill_margin", &args.kill_margin, DEFAULT_KILL_MARGIN, "2s"),
+    ];
+    let [grace, stop, margin] = durations.map(|(key, value, default, example)| {
+        let d = n.parse(key, given(value), example, parse_duration)?;
+        Ok(d.unwrap_or(default))
+    });
+    let budget = [grace?, stop?, margin?];
+    check_budget(n, args, budget)?;
+    let [grace, stop, margin] = budget;
     Ok((grace, stop, margin))
 }
 
 /// The log's level and format.
 fn logs(n: &Namer, args: &InitArgs) -> Result<(tracing::Level, LogFormat), ConfigError> {
-    let level = match args.log.as_deref().map(str::trim) {
-        None => tracing::Level::INFO,
-        Some(v) => v.parse::<tracing::Level>().map_err(|_| {
-            n.bad(
-                "log",
-                v,
-                "must be error, warn, info, debug or trace",
-                "info",
-            )
-        })?,
-    };
-    let format = n.choice(
-        "log_format",
-        args.log_format.as_deref(),
-        &[("text", LogFormat::Text), ("json", LogFormat::Json)],
-        "json",
-    )?;
-    Ok((level, format))
+    let text = given(&args.log).map(str::trim);
+    let level = n.parse("log", text, "info", |v| {
+        v.parse::<tracing::Level>()
+            .map_err(|_| "must be error, warn, info, debug or trace".to_string())
+    })?;
+    let text = given(&args.log_format).map(str::trim);
+    let format = n.parse("log_format", text, "json", |v| {
+        choose(v, &[("text", LogFormat::Text), ("json", LogFormat::Json)])
+    })?;
+    Ok((
+        level.unwrap_or(tracing::Level::INFO),
+        format.unwrap_or(LogFormat::Text),
+    ))
 }
 
 /// The control socket's directory: a given one must leave room for the socket's name in a Unix
@@ -411,12 +414,12 @@ fn logs(n: &Namer, args: &InitArgs) -> Result<(tracing::Level, LogFormat), Confi
 fn run_dir(n: &Namer, args: &InitArgs) -> Result<PathBuf, ConfigError> {
     let run_dir = n.path(
         "run_dir",
-        args.run_dir.as_ref(),
+        given_path(&args.run_dir),
         default_run_dir(),
         "/tmp/tfinit",
     )?;
     let socket = socket_path(&run_dir);
-    if args.run_dir.is_some() && socket.as_os_str().len() > MAX_SOCKET_PATH {
+    if given_path(&args.run_dir).is_some() && socket.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(n.bad(
             "run_dir",
             &run_dir.to_string_lossy(),
@@ -434,14 +437,14 @@ fn run_dir(n: &Namer, args: &InitArgs) -> Result<PathBuf, ConfigError> {
 /// This owner's name in records: TFINIT_OWNER, else the hostname, checked alike (it becomes
 /// file names just the same).
 fn owner(n: &Namer, args: &InitArgs) -> Result<String, ConfigError> {
-    let (owner, source) = match args.owner.as_deref() {
+    let (owner, source) = match given(&args.owner) {
         None => (crate::sys::hostname(), env_of("owner")),
         Some(v) => (v.to_string(), n.name("owner")),
     };
     let Some(problem) = owner_problem(&owner) else {
         return Ok(owner);
     };
-    let problem = match args.owner {
+    let problem = match given(&args.owner) {
         None => format!("{problem} (the default, the hostname: set TFINIT_OWNER)"),
         Some(_) => problem,
     };
@@ -455,27 +458,19 @@ fn owner(n: &Namer, args: &InitArgs) -> Result<String, ConfigError> {
 
 /// The owner TTL (at least 1 s: heartbeats every TTL/3) and the record timeout.
 fn record_timers(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration), ConfigError> {
-    let ttl = n.duration(
-        "owner_ttl",
-        args.owner_ttl.as_deref(),
-        DEFAULT_OWNER_TTL,
-        "30s",
-    )?;
-    if ttl < Duration::from_secs(1) {
-        return Err(n.bad(
-            "owner_ttl",
-            args.owner_ttl.as_deref().unwrap_or_default(),
-            "must be at least 1s (heartbeats are written every TTL/3)",
-            "30s",
-        ));
-    }
-    let record_timeout = n.duration(
-        "record_timeout",
-        args.record_timeout.as_deref(),
-        DEFAULT_RECORD_TIMEOUT,
-        "30s",
-    )?;
-    Ok((ttl, record_timeout))
+    let ttl = n.parse("owner_ttl", given(&args.owner_ttl), "30s", |v| {
+        let ttl = parse_duration(v)?;
+        if ttl < Duration::from_secs(1) {
+            return Err("must be at least 1s (heartbeats are written every TTL/3)".into());
+        }
+        Ok(ttl)
+    })?;
+    let text = given(&args.record_timeout);
+    let record_timeout = n.parse("record_timeout", text, "30s", parse_duration)?;
+    Ok((
+        ttl.unwrap_or(DEFAULT_OWNER_TTL),
+        record_timeout.unwrap_or(DEFAULT_RECORD_TIMEOUT),
+    ))
 }
 
 /// The pod's UID from the downward API: TFINIT_POD_UID, else POD_UID.
@@ -483,29 +478,6 @@ fn pod_uid() -> Option<String> {
     ["TFINIT_POD_UID", "POD_UID"]
         .iter()
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
-}
-
-impl InitArgs {
-    /// A copy where empty or blank values are None.
-    fn without_empty(&self) -> InitArgs {
-        let text = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
-        let path = |v: &Option<PathBuf>| v.clone().filter(|p| !p.as_os_str().is_empty());
-        InitArgs {
-            forward: text(&self.forward),
-            rewrite: text(&self.rewrite),
-            grace_period: text(&self.grace_period),
-            stop_timeout: text(&self.stop_timeout),
-            kill_margin: text(&self.kill_margin),
-            log: text(&self.log),
-            log_format: text(&self.log_format),
-            run_dir: path(&self.run_dir),
-            state_dir: path(&self.state_dir),
-            owner: text(&self.owner),
-            owner_ttl: text(&self.owner_ttl),
-            record_timeout: text(&self.record_timeout),
-            force_unlock: text(&self.force_unlock),
-        }
-    }
 }
 
 #[cfg(test)]

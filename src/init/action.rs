@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use nix::unistd::Pid;
 
-use super::conns::ConnId;
 use super::reaping::Child;
 use super::spawn::RecoveryArgs;
+use super::token::ConnId;
 use crate::locks::names::RunId;
 use crate::locks::recorder::Request;
 use crate::protocol::{self, ExitNote};

@@ -13,30 +13,13 @@ use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{getsockopt, sockopt};
 
 use super::session::{Input, Session};
-use super::token;
+use super::token::{self, ConnId};
 use crate::locks::names::RunId;
 use crate::protocol::{self, ExitNote, Kind, Reply};
 use crate::sys::{self, RecvError};
 
 /// Output queued for a shim beyond which terraform's pipes are paused (backpressure).
 pub(super) const HIGH_WATER: usize = 1 << 20;
-
-/// A client connection's id (its epoll token says which connection an event is for).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct ConnId(u64);
-
-impl ConnId {
-    /// Its number, in logs and epoll tokens.
-    pub(super) fn number(self) -> u64 {
-        self.0
-    }
-}
-
-impl From<u64> for ConnId {
-    fn from(n: u64) -> ConnId {
-        ConnId(n)
-    }
-}
 
 /// What a connection's change means for its run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +110,7 @@ impl Conns {
                 tracing::warn!(error = %e, "cannot make a client socket non-blocking; client dropped");
                 continue;
             }
-            let id = ConnId(self.next);
+            let id = ConnId::from(self.next);
             self.next += 1;
             let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
             if let Err(e) = epoll.add(sock.as_fd(), EpollEvent::new(flags, token::conn(id))) {
@@ -184,7 +167,7 @@ impl Conns {
     /// Connection `id` broke the protocol: mid-run it is closed (as if the shim were gone);
     /// otherwise it is answered with the problem and read no more.
     pub(super) fn broken(&mut self, id: ConnId, epoll: &Epoll, problem: &str) -> After {
-        tracing::warn!(conn = id.0, problem, "bad client request");
+        tracing::warn!(conn = id.number(), problem, "bad client request");
         if self.table.get(&id).and_then(|c| c.session.run()).is_some() {
             return self.close(id, epoll, problem);
         }
@@ -205,7 +188,7 @@ impl Conns {
                 after
             }
             Err(e) => {
-                tracing::warn!(conn = id.0, error = %e, "cannot stop reading a client socket; closing it");
+                tracing::warn!(conn = id.number(), error = %e, "cannot stop reading a client socket; closing it");
                 self.close(id, epoll, &e.to_string())
             }
         }
@@ -254,7 +237,7 @@ impl Conns {
             Ok(q) => q,
             Err(e) => {
                 if let FlushError::Watch(_) = e {
-                    tracing::warn!(conn = id.0, error = %e, "cannot change what is watched on a client socket; closing it");
+                    tracing::warn!(conn = id.number(), error = %e, "cannot change what is watched on a client socket; closing it");
                 }
                 return self.close(id, epoll, &e.to_string());
             }
@@ -280,7 +263,7 @@ impl Conns {
             return After::Nothing;
         };
         let _ = epoll.delete(conn.sock.as_fd());
-        tracing::debug!(conn = id.0, why, "client connection closed");
+        tracing::debug!(conn = id.number(), why, "client connection closed");
         conn.session.run().map_or(After::Nothing, After::Detached)
     }
 }

@@ -7,7 +7,7 @@ use super::reaping::Children;
 use super::runs::Runs;
 use super::shutdown::Timeline;
 use crate::locks::book::View;
-use crate::protocol::{self, RecordsStatus, Status};
+use crate::protocol::{self, Deadline, RecordsStatus, Status};
 
 /// The status document at `now`.
 pub(super) fn document(
@@ -21,11 +21,7 @@ pub(super) fn document(
         v: protocol::VERSION,
         pid: std::process::id() as i32,
         phase: timeline.phase().as_str().to_string(),
-        deadline_unix: timeline
-            .deadline()
-            .and_then(|(_, wall)| wall.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map(|d| d.as_secs_f64()),
-        seconds_left: timeline.seconds_left(now),
+        deadline: deadline(timeline, now),
         main_pid: children
             .main_exit()
             .is_none()
@@ -36,4 +32,16 @@ pub(super) fn document(
         }),
         runs: runs.statuses(),
     }
+}
+
+/// The deadline and the seconds left to it, once stopping.
+fn deadline(timeline: &Timeline, now: Instant) -> Option<Deadline> {
+    let (_, wall) = timeline.deadline()?;
+    Some(Deadline {
+        deadline_unix: wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()?
+            .as_secs_f64(),
+        seconds_left: timeline.seconds_left(now)?,
+    })
 }

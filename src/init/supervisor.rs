@@ -16,16 +16,17 @@ use nix::sys::signalfd::SignalFd;
 use nix::unistd::Pid;
 
 use super::action::{Action, Named};
-use super::conns::{After, ConnId, Conns, Read};
+use super::conns::{After, Conns, Read};
 use super::forward::forward_target;
 use super::reaper::{self, Exit};
 use super::reaping::{Children, Reaped};
 use super::records::{RecordEvent, Records};
-use super::runs::{Runs, Stream};
+use super::runs::{Force, Runs};
 use super::session::{Control, Input};
 use super::setup::Mode;
 use super::shutdown::{Cause, Phase, Step, Timeline, Transition};
-use super::{spawn, status, token};
+use super::token::{self, ConnId, Stream};
+use super::{spawn, status};
 use crate::config::InitConfig;
 use crate::duration::fmt_duration;
 use crate::locks::names::RunId;
@@ -182,7 +183,7 @@ impl Init {
             After::Detached(run) => {
                 let stopping = self.timeline.phase() == Phase::Stopping;
                 let now = Instant::now();
-                let more = self.runs.detach(run, stopping, &mut self.records, now);
+                let more = self.runs.detach(run, now, stopping, &mut self.records);
                 self.apply(more);
             }
         }
@@ -306,12 +307,14 @@ impl Init {
                     left,
                     "asking terraform runs to stop gracefully",
                 );
-                let stops = self.runs.stop_all("shutdown deadline approaching");
+                let stops = self
+                    .runs
+                    .stop_all(Force::Graceful, "shutdown deadline approaching");
                 self.apply(stops);
             }
             Transition::Kill => {
                 self.log_step(Step::Kill, left, "SIGKILL to everything left");
-                let kills = self.runs.kill_all("shutdown deadline");
+                let kills = self.runs.stop_all(Force::Kill, "shutdown deadline");
                 self.apply(kills);
                 let main = self.children.main();
                 if sys::group_alive(main) {

@@ -1,8 +1,46 @@
-//! What each epoll registration stands for: the 64-bit token carries a kind and an id.
+//! What each epoll registration stands for: the 64-bit token carries a kind and an id (a
+//! client connection's [`ConnId`], or a run's id and its output [`Stream`]).
 
-use super::conns::ConnId;
-use super::runs::Stream;
 use crate::locks::names::RunId;
+
+/// A client connection's id (its epoll token says which connection an event is for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct ConnId(u64);
+
+impl ConnId {
+    /// Its number, in logs and epoll tokens.
+    pub(super) fn number(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for ConnId {
+    fn from(n: u64) -> ConnId {
+        ConnId(n)
+    }
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stream {
+    /// terraform's stdout.
+    Stdout,
+    /// terraform's stderr.
+    Stderr,
+}
+
+impl Stream {
+    /// Both, in the order they are drained.
+    pub(super) const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    /// Name for logs.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
 
 const SIGNALS: u64 = 0;
 const LISTENER: u64 = 1;

@@ -617,8 +617,14 @@ impl Book {
                 Err(WriteError::NoRecord) => {}
                 Err(error) => ev.push(Event::Log(Notice::ProgressFailed { run, error })),
             },
-            Completion::Ended { run, result } => self.end_marked(run, result, now, &mut ev),
-            Completion::Removed { run, result } => self.removed(run, result, now, &mut ev),
+            Completion::Ended { run, result } => {
+                let failed = |run, error| Notice::EndFailed { run, error };
+                self.closed(run, result, failed, now, &mut ev)
+            }
+            Completion::Removed { run, result } => {
+                let failed = |run, error| Notice::RemoveFailed { run, error };
+                self.closed(run, result, failed, now, &mut ev)
+            }
             Completion::Table(t) => {
                 self.own.retain(|_, (at, _)| *at > t.scanned);
                 self.recovered.retain(|_, at| *at > t.scanned);
@@ -745,60 +751,42 @@ impl Book {
         }
     }
 
-    /// A run's end-marking finished: the ended record counts as ours until a later scan has it.
-    fn end_marked(
+    /// A run's end-marking or removal finished: until a scan made after it arrives, its record
+    /// counts as this (ended record, or none). A failure is said with `failed`'s notice.
+    fn closed(
         &mut self,
         run: RunId,
         result: Result<(), WriteError>,
+        failed: fn(RunId, WriteError) -> Notice,
         now: Instant,
         ev: &mut Vec<Event>,
     ) {
-        let c = self.closing.remove(&run);
+        let closing = self.closing.remove(&run);
         match result {
-            Ok(()) => {
-                self.answered(ev);
-                if let Some(Closing {
-                    workdir,
-                    path: Some(path),
-                    ended: Some(ended),
-                }) = c
-                {
-                    let entry = Entry {
-                        path: path.clone(),
-                        workdir,
-                        facts: Facts {
-                            owner: self.me.clone(),
-                            updated_ms: ended.ms,
-                            ended: Some(ended),
-                            needs_person_by: None,
-                        },
-                    };
-                    self.own.insert(path, (now, Some(entry)));
-                }
-            }
-            Err(WriteError::NoRecord) => {}
-            Err(error) => ev.push(Event::Log(Notice::EndFailed { run, error })),
+            Ok(()) => self.answered(ev),
+            // An end-marking of a run whose create failed: said when it failed.
+            Err(WriteError::NoRecord) => return,
+            Err(error) => return ev.push(Event::Log(failed(run, error))),
         }
-    }
-
-    /// A run's removal finished: its record counts as gone until a later scan shows it so.
-    fn removed(
-        &mut self,
-        run: RunId,
-        result: Result<(), WriteError>,
-        now: Instant,
-        ev: &mut Vec<Event>,
-    ) {
-        let c = self.closing.remove(&run);
-        match result {
-            Ok(()) => {
-                self.answered(ev);
-                if let Some(path) = c.and_then(|c| c.path) {
-                    self.own.insert(path, (now, None));
-                }
-            }
-            Err(error) => ev.push(Event::Log(Notice::RemoveFailed { run, error })),
-        }
+        let Some(Closing {
+            workdir,
+            path: Some(path),
+            ended,
+        }) = closing
+        else {
+            return;
+        };
+        let entry = ended.map(|ended| Entry {
+            path: path.clone(),
+            workdir,
+            facts: Facts {
+                owner: self.me.clone(),
+                updated_ms: ended.ms,
+                ended: Some(ended),
+                needs_person_by: None,
+            },
+        });
+        self.own.insert(path, (now, entry));
     }
 
     /// Takes in a scan: the records, and what it read of each incarnation's heartbeat.

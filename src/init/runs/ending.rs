@@ -8,8 +8,9 @@ use std::time::Instant;
 use super::super::action::Action;
 use super::super::reaper::Exit;
 use super::super::records::Records;
+use super::super::token::Stream;
 use super::life::{Helper, Job, Life, Stop};
-use super::{Runs, Stream, LINGER};
+use super::{Runs, LINGER};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::record;
@@ -21,9 +22,18 @@ use crate::signals;
 /// docs/notes/terraform-facts.md 6b). terraform itself exits 0, 1 or 2.
 const PANICWRAP_CHILD_KILLED: i32 = 255;
 
+/// How a run is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::init) enum Force {
+    /// Its one graceful SIGTERM.
+    Graceful,
+    /// SIGKILL to its process group.
+    Kill,
+}
+
 impl Runs {
     /// Asks a run to stop gracefully: its one SIGTERM, to terraform's own pid (never its group).
-    pub(super) fn request_stop(&mut self, id: RunId, reason: &'static str, acts: &mut Vec<Action>) {
+    fn request_stop(&mut self, id: RunId, reason: &'static str, acts: &mut Vec<Action>) {
         let Some(run) = self.table.get_mut(&id) else {
             return;
         };
@@ -44,7 +54,7 @@ impl Runs {
     }
 
     /// SIGKILLs a run's process group (or its recovery helper's), once.
-    pub(super) fn kill_run(&mut self, id: RunId, reason: &'static str, acts: &mut Vec<Action>) {
+    fn kill_run(&mut self, id: RunId, reason: &'static str, acts: &mut Vec<Action>) {
         let Some(run) = self.table.get_mut(&id) else {
             return;
         };
@@ -77,24 +87,29 @@ impl Runs {
         }
     }
 
-    /// The shutdown's graceful step: every run gets its one SIGTERM.
-    pub(in crate::init) fn stop_all(&mut self, reason: &'static str) -> Vec<Action> {
+    /// The shutdown's graceful step (`Force::Graceful`: every run gets its one SIGTERM) or its
+    /// kill step (`Force::Kill`: every run's process group, or helper, is SIGKILLed).
+    pub(in crate::init) fn stop_all(&mut self, force: Force, reason: &'static str) -> Vec<Action> {
         let mut acts = Vec::new();
         let ids: Vec<RunId> = self.table.keys().copied().collect();
         for id in ids {
-            self.request_stop(id, reason, &mut acts);
+            self.stop(id, force, reason, &mut acts);
         }
         acts
     }
 
-    /// The shutdown's kill step: every run's process group (or helper) is SIGKILLed.
-    pub(in crate::init) fn kill_all(&mut self, reason: &'static str) -> Vec<Action> {
-        let mut acts = Vec::new();
-        let ids: Vec<RunId> = self.table.keys().copied().collect();
-        for id in ids {
-            self.kill_run(id, reason, &mut acts);
+    /// Stops run `id` gracefully, or kills it.
+    pub(super) fn stop(
+        &mut self,
+        id: RunId,
+        force: Force,
+        reason: &'static str,
+        acts: &mut Vec<Action>,
+    ) {
+        match force {
+            Force::Graceful => self.request_stop(id, reason, acts),
+            Force::Kill => self.kill_run(id, reason, acts),
         }
-        acts
     }
 
     /// The shim of run `id` forwarded a stop signal: terraform gets its one graceful SIGTERM,
@@ -126,30 +141,29 @@ impl Runs {
     pub(in crate::init) fn detach(
         &mut self,
         id: RunId,
+        now: Instant,
         stopping: bool,
         records: &mut Records,
-        now: Instant,
     ) -> Vec<Action> {
-        let mut acts = Vec::new();
         let Some(run) = self.table.get_mut(&id) else {
-            return acts;
+            return Vec::new();
         };
         run.job.conn = None;
         if run.waits_for_store() {
             // Nobody waits for it any more, and starting it now would only leave a run to stop.
             tracing::info!(run = %id, state = run.life.as_str(), "the shim is gone; terraform is not started");
             self.table.remove(&id);
-            acts.extend(records.exited(id, None, Vec::new()).map(Action::Record));
-            return acts;
+            let forget = records.exited(id, None, Vec::new());
+            return forget.map(Action::Record).into_iter().collect();
         }
         let was_paused = run.pipes().is_some_and(|p| p.paused);
         if matches!(run.life, Life::Exited { .. }) {
             // Its output, still draining, goes to the log now.
-            acts.push(Action::Resume(id));
-            return acts;
+            return vec![Action::Resume(id)];
         }
         let job = &run.job;
         tracing::info!(run = %id, pid = run.pid().map_or(0, |p| p.as_raw()), cwd = %job.cwd.display(), subcommand = %job.invocation.subcommand, "the shim is gone; terraform keeps running, its output is logged");
+        let mut acts = Vec::new();
         if !stopping {
             // The caller gave up (a reconcile timeout): stop gracefully, then hard after the timeout.
             self.request_stop(id, "the shim that started it is gone", &mut acts);
@@ -173,21 +187,11 @@ impl Runs {
         records: &mut Records,
         now: Instant,
     ) -> Vec<Action> {
-        let mut acts = Vec::new();
         let Some(run) = self.table.get_mut(&id) else {
-            return acts;
+            return Vec::new();
         };
-        let Life::Running { pid, stop, .. } = &mut run.life else {
-            return acts;
-        };
-        let (pgid, stop) = (*pid, *stop);
-        let pipes = run.pipes_mut().map(std::mem::take).unwrap_or_default();
-        run.life = Life::Exited {
-            pgid,
-            exit,
-            pipes,
-            linger_until: now + LINGER,
-            stop: stop.without_timer(),
+        let Some((pgid, stop)) = run.exited(exit, now + LINGER) else {
+            return Vec::new();
         };
         let job = &run.job;
         let dur = job.started.elapsed().map_or(0.0, |d| d.as_secs_f64());
@@ -205,6 +209,7 @@ impl Runs {
         let stopping = stopping_phase || stop.graceful();
         // Exit code 255: panicwrap's child was killed, its providers are orphans too.
         let killed = exit.signal().is_some() || exit == Exit::Code(PANICWRAP_CHILD_KILLED);
+        let mut acts = Vec::new();
         if killed || stopping {
             acts.push(Action::KillLeftovers {
                 run: id,

@@ -20,12 +20,12 @@ use std::time::{Instant, SystemTime};
 use nix::unistd::Pid;
 
 use super::super::action::{Action, Refusal};
-use super::super::conns::ConnId;
 use super::super::reaper::Exit;
 use super::super::reaping::Child;
 use super::super::records::{Records, Subject};
 use super::super::shutdown::Phase;
 use super::super::spawn::{RecoveryArgs, StartError, Started};
+use super::super::token::ConnId;
 use super::life::{Helper, Job, Life, Pending, Pipes, Run, Stop};
 use super::Runs;
 use crate::locks::names::RunId;
@@ -244,37 +244,12 @@ impl Runs {
         let Some(run) = self.table.get_mut(&id) else {
             return Vec::new();
         };
-        let Life::Launching { pending } = &run.life else {
+        if !matches!(run.life, Life::Launching { .. }) {
             return Vec::new();
-        };
+        }
         let started = match started {
             Ok(s) => s,
-            Err(e) => {
-                let (code, hint) = start_failure(&e);
-                let req = &pending.request;
-                let msg = format!(
-                    "tfinit: cannot start {:?} in {:?}: {e}{hint}",
-                    req.program, req.cwd
-                );
-                tracing::warn!(run = %id, "{msg}");
-                let conn = run.job.conn;
-                self.table.remove(&id);
-                let mut acts: Vec<Action> = records
-                    .exited(id, None, Vec::new())
-                    .map(Action::Record)
-                    .into_iter()
-                    .collect();
-                if let Some(conn) = conn {
-                    let note = ExitNote {
-                        code,
-                        error: Some(msg),
-                        run_id: Some(id.to_string()),
-                        ..Default::default()
-                    };
-                    acts.push(Action::Answer { conn, note });
-                }
-                return acts;
-            }
+            Err(e) => return self.not_started(id, &e, records),
         };
         let job = &run.job;
         tracing::info!(
@@ -297,6 +272,38 @@ impl Runs {
             },
             Action::Watch(id),
         ]
+    }
+
+    /// terraform could not be started for `id` (`e`): the run is over, and its shim gets the
+    /// shell's code (127 not found, 126 not executable) or 75 when resources ran out.
+    fn not_started(&mut self, id: RunId, e: &StartError, records: &mut Records) -> Vec<Action> {
+        let Some(req) = self.request_of(id) else {
+            return Vec::new();
+        };
+        let (code, hint) = start_failure(e);
+        let msg = format!(
+            "tfinit: cannot start {:?} in {:?}: {e}{hint}",
+            req.program, req.cwd
+        );
+        tracing::warn!(run = %id, "{msg}");
+        let Some(run) = self.table.remove(&id) else {
+            return Vec::new();
+        };
+        let mut acts: Vec<Action> = records
+            .exited(id, None, Vec::new())
+            .map(Action::Record)
+            .into_iter()
+            .collect();
+        if let Some(conn) = run.job.conn {
+            let note = ExitNote {
+                code,
+                error: Some(msg),
+                run_id: Some(id.to_string()),
+                ..Default::default()
+            };
+            acts.push(Action::Answer { conn, note });
+        }
+        acts
     }
 
     /// The one way a run that has not started is refused: it is over (its record, landed or in

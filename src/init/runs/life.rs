@@ -8,35 +8,13 @@ use std::time::{Instant, SystemTime};
 use nix::unistd::Pid;
 
 use super::super::action::Named;
-use super::super::conns::ConnId;
 use super::super::reaper::Exit;
+use super::super::token::{ConnId, Stream};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::workspace::workspace_of;
 use crate::protocol::{RunRequest, RunStatus};
 use crate::terraform::{self, Invocation};
-
-/// Which output stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::init) enum Stream {
-    /// terraform's stdout.
-    Stdout,
-    /// terraform's stderr.
-    Stderr,
-}
-
-impl Stream {
-    /// Both, in the order they are drained.
-    pub(in crate::init) const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
-
-    /// Name for logs.
-    pub(in crate::init) fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
-}
 
 /// The read ends of terraform's output pipes (non-blocking, close-on-exec).
 #[derive(Debug, Default)]
@@ -392,6 +370,23 @@ impl Run {
             } => kill_at,
             _ => None,
         }
+    }
+
+    /// terraform was reaped: Running becomes Exited, its pipes drained until `linger_until`.
+    /// Returns its process group and how far stopping it had gone; None when it was not running.
+    pub(super) fn exited(&mut self, exit: Exit, linger_until: Instant) -> Option<(Pid, Stop)> {
+        let Life::Running { pid, pipes, stop } = &mut self.life else {
+            return None;
+        };
+        let (pgid, stop) = (*pid, *stop);
+        self.life = Life::Exited {
+            pgid,
+            exit,
+            pipes: std::mem::take(pipes),
+            linger_until,
+            stop: stop.without_timer(),
+        };
+        Some((pgid, stop))
     }
 
     /// Its shim left: terraform's group (or the recovery helper's) is SIGKILLed at `kill_at` if

@@ -10,16 +10,17 @@ mod ending;
 mod launch;
 mod life;
 
+pub(super) use ending::Force;
+
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-pub(super) use life::Stream;
 use life::{Life, Run};
 
 use super::action::Action;
-use super::conns::ConnId;
 use super::records::{RecordEvent, Records};
+use super::token::{ConnId, Stream};
 use crate::locks::names::RunId;
 use crate::locks::recorder::Request;
 use crate::protocol::RunStatus;
@@ -97,12 +98,9 @@ impl Runs {
             match e {
                 RecordEvent::Settled(run) => self.settled(run, records, &mut acts),
                 RecordEvent::Fence { runs, kill } => {
+                    let force = if kill { Force::Kill } else { Force::Graceful };
                     for run in runs {
-                        if kill {
-                            self.kill_run(run, "the heartbeat did not land (fence)", &mut acts);
-                        } else {
-                            self.request_stop(run, "the heartbeat did not land (fence)", &mut acts);
-                        }
+                        self.stop(run, force, "the heartbeat did not land (fence)", &mut acts);
                     }
                 }
             }

@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use super::super::action::{Action, Refusal};
-use super::super::conns::ConnId;
 use super::super::reaper::Exit;
 use super::super::records::Records;
 use super::super::shutdown::Phase;
 use super::super::spawn::Started;
-use super::{Runs, Stream};
+use super::super::token::ConnId;
+use super::super::token::Stream;
+use super::{Force, Runs};
 use crate::locks::book::Book;
 use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
@@ -270,7 +271,7 @@ fn a_shim_that_leaves_before_terraform_starts_leaves_nothing_to_start() {
     let mut rec = open(t, vec![]);
     let mut runs = runs();
     ask(&mut runs, 1, &["apply"], &mut rec, t);
-    let acts = runs.detach(r(1), false, &mut rec, t);
+    let acts = runs.detach(r(1), t, false, &mut rec);
     assert_eq!(names(&acts), ["record remove r1"]);
     assert!(runs.is_empty());
 }
@@ -331,7 +332,7 @@ fn an_abandoned_run_gets_one_sigterm_then_its_group_a_sigkill_at_the_stop_timeou
     let mut runs = runs();
     ask(&mut runs, 1, &["version"], &mut rec, t);
     start(&mut runs, r(1), 100, &mut rec);
-    let acts = runs.detach(r(1), false, &mut rec, t);
+    let acts = runs.detach(r(1), t, false, &mut rec);
     assert_eq!(names(&acts), ["term r1 100"]);
     assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
     let before = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT / 2);
@@ -349,12 +350,24 @@ fn a_shim_gone_during_shutdown_leaves_the_stop_to_the_timeline() {
     let mut runs = runs();
     ask(&mut runs, 1, &["version"], &mut rec, t);
     start(&mut runs, r(1), 100, &mut rec);
-    assert!(runs.detach(r(1), true, &mut rec, t).is_empty());
+    assert!(runs.detach(r(1), t, true, &mut rec).is_empty());
     assert_eq!(runs.next_wakeup(), None);
-    assert_eq!(names(&runs.stop_all("deadline")), ["term r1 100"]);
-    assert!(runs.stop_all("deadline").is_empty(), "one SIGTERM, ever");
-    assert_eq!(names(&runs.kill_all("deadline")), ["kill r1 100"]);
-    assert!(runs.kill_all("deadline").is_empty(), "one SIGKILL, ever");
+    assert_eq!(
+        names(&runs.stop_all(Force::Graceful, "deadline")),
+        ["term r1 100"]
+    );
+    assert!(
+        runs.stop_all(Force::Graceful, "deadline").is_empty(),
+        "one SIGTERM, ever"
+    );
+    assert_eq!(
+        names(&runs.stop_all(Force::Kill, "deadline")),
+        ["kill r1 100"]
+    );
+    assert!(
+        runs.stop_all(Force::Kill, "deadline").is_empty(),
+        "one SIGKILL, ever"
+    );
 }
 
 #[test]

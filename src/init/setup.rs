@@ -60,9 +60,9 @@ pub fn reaping_mode() -> Mode {
 #[error("cannot set up the control socket in TFINIT_RUN_DIR={dir:?}: {problem}")]
 pub struct SocketError {
     /// The directory.
-    pub dir: PathBuf,
+    dir: PathBuf,
     /// What went wrong and what to do.
-    pub problem: String,
+    problem: String,
 }
 
 /// Creates the run directory (0700, ours) and binds the control socket (0600), non-blocking.

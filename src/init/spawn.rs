@@ -23,11 +23,11 @@ use crate::sys;
 #[error("cannot run {command:?}: {source}{hint}")]
 pub(super) struct SpawnError {
     /// The program.
-    pub(super) command: String,
+    command: String,
     /// The OS error.
-    pub(super) source: io::Error,
+    source: io::Error,
     /// What to do.
-    pub(super) hint: &'static str,
+    hint: &'static str,
 }
 
 impl SpawnError {

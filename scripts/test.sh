@@ -20,12 +20,13 @@ step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - START)); }
 mkdir -p target
 # A failed step ends the script: its background jobs end with it.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-step "test dependencies (in the background) beside rustfmt --check, clippy -D warnings and the static release build"
+step "test dependencies (in the background) beside rustfmt --check, clippy -D warnings, module cycles and the static release build"
 scripts/install-test-deps.sh >target/test-deps.log 2>&1 &
 deps=$!
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
+scripts/module-cycles.py src
 cargo build --release
 scripts/check-static.sh target/x86_64-unknown-linux-gnu/release/tfinit
 

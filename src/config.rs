@@ -8,8 +8,8 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use crate::cli::InitArgs;
-// The longest owner name follows from the names the store gives its files: computed there.
-use crate::locks::store::MAX_OWNER_LEN;
+use crate::duration::{fmt_duration, parse_duration};
+use crate::locks::names::owner_problem;
 use crate::signals::{self, Rewrites};
 use crate::sys::SigNo;
 
@@ -91,96 +91,81 @@ pub const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
 
+/// A setting, by its clap id (the field of [`InitArgs`]): `grace_period` is the variable
+/// `TFINIT_GRACE_PERIOD` and the flag `--grace-period`.
+type Key = &'static str;
+
+/// The one of `choices` named `name`, or what the names are.
+fn choose<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    match choices.iter().find(|(n, _)| *n == name) {
+        Some((_, c)) => Ok(*c),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            Err(format!("must be {}", names.join(" or ")))
+        }
+    }
+}
+
+/// The environment variable of setting `key`.
+fn env_of(key: Key) -> String {
+    format!("TFINIT_{}", key.to_ascii_uppercase())
+}
+
 /// Names the source of a setting: the environment variable or the flag that gave it.
 struct Namer<'a> {
     matches: Option<&'a ArgMatches>,
 }
 
 impl Namer<'_> {
-    fn name(&self, id: &str, env: &str, flag: &str) -> String {
-        match self.matches.and_then(|m| m.value_source(id)) {
-            Some(ValueSource::CommandLine) => format!("--{flag}"),
-            _ => env.to_string(),
+    fn name(&self, key: Key) -> String {
+        match self.matches.and_then(|m| m.value_source(key)) {
+            Some(ValueSource::CommandLine) => format!("--{}", key.replace('_', "-")),
+            _ => env_of(key),
         }
     }
-}
 
-fn bad(source_name: String, value: &str, problem: &str, example: &str) -> ConfigError {
-    ConfigError {
-        source_name,
-        value: value.to_string(),
-        problem: problem.to_string(),
-        example: example.to_string(),
-    }
-}
-
-/// Parses `30s`, `5m`, `1h30m`, `250ms` or plain seconds (`30`).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return checked_secs(secs);
-    }
-    let mut total_ms: u128 = 0;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("expected a number at {rest:?}"));
+    /// The error for `value` of `key`.
+    fn bad(&self, key: Key, value: &str, problem: &str, example: &str) -> ConfigError {
+        ConfigError {
+            source_name: self.name(key),
+            value: value.to_string(),
+            problem: problem.to_string(),
+            example: example.to_string(),
         }
-        let n: u128 = rest[..digits]
-            .parse()
-            .map_err(|_| "number too large".to_string())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let ms_per = match unit {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "" => return Err("a number needs a unit when more follow".into()),
-            other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
-        };
-        total_ms = total_ms
-            .checked_add(n.checked_mul(ms_per).ok_or("duration too large")?)
-            .ok_or("duration too large")?;
     }
-    if total_ms > MAX_DURATION.as_millis() {
-        return Err("longer than a year".into());
+
+    /// Setting `key`'s value made by `parse`, when `given`; `parse`'s error is the problem the
+    /// message names.
+    fn parse<T>(
+        &self,
+        key: Key,
+        given: Option<&str>,
+        example: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        given
+            .map(|v| parse(v).map_err(|p| self.bad(key, v, &p, example)))
+            .transpose()
     }
-    Ok(Duration::from_millis(total_ms as u64))
-}
 
-/// Durations beyond this are refused: a grace period of years is a typo.
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
-fn checked_secs(secs: u64) -> Result<Duration, String> {
-    if secs > MAX_DURATION.as_secs() {
-        return Err("longer than a year".into());
-    }
-    Ok(Duration::from_secs(secs))
-}
-
-fn duration_setting(
-    namer: &Namer,
-    value: Option<&str>,
-    id: &str,
-    env: &str,
-    flag: &str,
-    default: Duration,
-    example: &str,
-) -> Result<Duration, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(v) => parse_duration(v).map_err(|p| bad(namer.name(id, env, flag), v, &p, example)),
+    /// An absolute path, `default` when not given.
+    fn path(
+        &self,
+        key: Key,
+        value: Option<&PathBuf>,
+        default: PathBuf,
+        example: &str,
+    ) -> Result<PathBuf, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(p) if p.as_os_str().is_empty() || !p.is_absolute() => Err(self.bad(
+                key,
+                &p.to_string_lossy(),
+                "must be an absolute path",
+                example,
+            )),
+            Some(p) => Ok(p.clone()),
+        }
     }
 }
 
@@ -223,100 +208,100 @@ pub fn client_run_dir() -> PathBuf {
     }
 }
 
-fn path_setting(
-    namer: &Namer,
-    value: Option<&PathBuf>,
-    id: &str,
-    env: &str,
-    flag: &str,
-    default: PathBuf,
-    example: &str,
-) -> Result<PathBuf, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(p) if p.as_os_str().is_empty() || !p.is_absolute() => Err(bad(
-            namer.name(id, env, flag),
-            &p.to_string_lossy(),
-            "must be an absolute path",
-            example,
-        )),
-        Some(p) => Ok(p.clone()),
-    }
-}
-
 /// The longest socket path a Unix socket address holds (sun_path is 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
-/// The socket's file name in the run directory (see `init::setup::socket_path`).
-const SOCKET_NAME: &str = "tfinit.sock";
+/// The control socket's file name in the run directory.
+pub const SOCKET_NAME: &str = "tfinit.sock";
+
+/// The control socket's path in run directory `run_dir`: where the init listens and clients
+/// connect.
+pub fn socket_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(SOCKET_NAME)
+}
+
+/// A text setting as given: None when unset, empty or blank (an empty variable counts as unset:
+/// manifests and Helm charts often render `value: ""`).
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|s| !s.trim().is_empty())
+}
+
+/// A path setting as given: None when unset or empty.
+fn given_path(value: &Option<PathBuf>) -> Option<&PathBuf> {
+    value.as_ref().filter(|p| !p.as_os_str().is_empty())
+}
+
+/// One duration of the shutdown budget, as an error names it.
+struct Part {
+    /// Where it came from (the variable or the flag).
+    name: String,
+    /// The text given, when not the default.
+    given: Option<String>,
+    value: Duration,
+}
+
+impl Part {
+    fn new(n: &Namer, key: Key, given: Option<&str>, value: Duration) -> Part {
+        Part {
+            name: n.name(key),
+            given: given.map(str::to_string),
+            value,
+        }
+    }
+
+    /// `TFINIT_STOP_TIMEOUT (10s, the default)`.
+    fn shown(&self) -> String {
+        let default = if self.given.is_some() {
+            ""
+        } else {
+            ", the default"
+        };
+        format!("{} ({}{default})", self.name, fmt_duration(self.value))
+    }
+}
 
 /// STOP_TIMEOUT + KILL_MARGIN must be smaller than GRACE_PERIOD. The error names all three where
 /// they came from and blames one the user gave (the grace period first: it is the one lowered to
 /// match a pod), with an example that fits the other two.
-fn check_budget(
-    n: &Namer,
-    args: &InitArgs,
-    grace: Duration,
-    stop: Duration,
-    margin: Duration,
-) -> Result<(), ConfigError> {
+fn check_budget(n: &Namer, args: &InitArgs, budget: [Duration; 3]) -> Result<(), ConfigError> {
+    let [grace, stop, margin] = budget;
     if stop + margin < grace {
         return Ok(());
     }
-    let grace_name = n.name("grace_period", "TFINIT_GRACE_PERIOD", "grace-period");
-    let stop_name = n.name("stop_timeout", "TFINIT_STOP_TIMEOUT", "stop-timeout");
-    let margin_name = n.name("kill_margin", "TFINIT_KILL_MARGIN", "kill-margin");
-    let shown = |name: &str, d: Duration, given: &Option<String>| {
-        let default = if given.is_some() { "" } else { ", the default" };
-        format!("{name} ({}{default})", fmt_duration(d))
-    };
+    let grace = Part::new(n, "grace_period", given(&args.grace_period), grace);
+    let stop = Part::new(n, "stop_timeout", given(&args.stop_timeout), stop);
+    let margin = Part::new(n, "kill_margin", given(&args.kill_margin), margin);
     let problem = format!(
         "{} + {} must be smaller than {}: raise the grace period (and the pod's \
          terminationGracePeriodSeconds) or lower the other two",
-        shown(&stop_name, stop, &args.stop_timeout),
-        shown(&margin_name, margin, &args.kill_margin),
-        shown(&grace_name, grace, &args.grace_period),
+        stop.shown(),
+        margin.shown(),
+        grace.shown(),
     );
     let second = Duration::from_secs(1);
-    let fits = |total: Duration, other: Duration| {
+    let fits = |total: &Part, other: &Part| {
         total
-            .checked_sub(other + second)
+            .value
+            .checked_sub(other.value + second)
             .filter(|d| !d.is_zero())
             .map(fmt_duration)
     };
-    let grace_example = fmt_duration(stop + margin + second);
+    let grace_example = fmt_duration(stop.value + margin.value + second);
     let candidates = [
-        (
-            args.grace_period.is_some(),
-            &grace_name,
-            &args.grace_period,
-            grace,
-            Some(grace_example.clone()),
-        ),
-        (
-            args.stop_timeout.is_some(),
-            &stop_name,
-            &args.stop_timeout,
-            stop,
-            fits(grace, margin),
-        ),
-        (
-            args.kill_margin.is_some(),
-            &margin_name,
-            &args.kill_margin,
-            margin,
-            fits(grace, stop),
-        ),
+        (&grace, Some(grace_example.clone())),
+        (&stop, fits(&grace, &margin)),
+        (&margin, fits(&grace, &stop)),
     ];
-    let (name, given, value, example) = candidates
+    let (blamed, example) = candidates
         .into_iter()
-        .find_map(|(blamed, name, given, value, example)| {
-            Some((name, given, value, example.filter(|_| blamed)?))
-        })
-        .unwrap_or((&grace_name, &args.grace_period, grace, grace_example));
+        .find_map(|(part, example)| Some((part, example.filter(|_| part.given.is_some())?)))
+        .unwrap_or((&grace, grace_example));
     Err(ConfigError {
-        source_name: name.clone(),
-        value: given.clone().unwrap_or_else(|| fmt_duration(value)),
+        source_name: blamed.name.clone(),
+        value: blamed
+            .given
+            .clone()
+            .unwrap_or_else(|| fmt_duration(blamed.value)),
         problem,
         example,
     })
@@ -326,173 +311,24 @@ impl InitConfig {
     /// Validates the init's settings; `matches` (when given) lets errors name flags.
     pub fn from_args(args: &InitArgs, matches: Option<&ArgMatches>) -> Result<Self, ConfigError> {
         let n = Namer { matches };
-        // An empty variable counts as unset: manifests and Helm charts often render `value: ""`.
-        let args = &args.without_empty();
-        let forward = match args.forward.as_deref().map(str::trim) {
-            None | Some("group") => ForwardTo::Group,
-            Some("child") => ForwardTo::Child,
-            Some(v) => {
-                return Err(bad(
-                    n.name("forward", "TFINIT_FORWARD", "forward"),
-                    v,
-                    "must be group or child",
-                    "group",
-                ))
-            }
-        };
-        let rewrite = match args.rewrite.as_deref() {
-            None => Rewrites::default(),
-            Some(v) => parse_rewrites(v).map_err(|p| {
-                bad(
-                    n.name("rewrite", "TFINIT_REWRITE", "rewrite"),
-                    v,
-                    &p,
-                    "TERM:INT,USR1:HUP",
-                )
-            })?,
-        };
-        let grace_period = duration_setting(
-            &n,
-            args.grace_period.as_deref(),
-            "grace_period",
-            "TFINIT_GRACE_PERIOD",
-            "grace-period",
-            DEFAULT_GRACE,
-            "30s",
-        )?;
-        let stop_timeout = duration_setting(
-            &n,
-            args.stop_timeout.as_deref(),
-            "stop_timeout",
-            "TFINIT_STOP_TIMEOUT",
-            "stop-timeout",
-            DEFAULT_STOP_TIMEOUT,
-            "10s",
-        )?;
-        let kill_margin = duration_setting(
-            &n,
-            args.kill_margin.as_deref(),
-            "kill_margin",
-            "TFINIT_KILL_MARGIN",
-            "kill-margin",
-            DEFAULT_KILL_MARGIN,
-            "2s",
-        )?;
-        check_budget(&n, args, grace_period, stop_timeout, kill_margin)?;
-        let log_level = match args.log.as_deref().map(str::trim) {
-            None => tracing::Level::INFO,
-            Some(v) => v.parse::<tracing::Level>().map_err(|_| {
-                bad(
-                    n.name("log", "TFINIT_LOG", "log"),
-                    v,
-                    "must be error, warn, info, debug or trace",
-                    "info",
-                )
-            })?,
-        };
-        let log_format = match args.log_format.as_deref().map(str::trim) {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(v) => {
-                return Err(bad(
-                    n.name("log_format", "TFINIT_LOG_FORMAT", "log-format"),
-                    v,
-                    "must be text or json",
-                    "json",
-                ))
-            }
-        };
-        let run_dir = path_setting(
-            &n,
-            args.run_dir.as_ref(),
-            "run_dir",
-            "TFINIT_RUN_DIR",
-            "run-dir",
-            default_run_dir(),
-            "/tmp/tfinit",
-        )?;
-        if args.run_dir.is_some() {
-            let socket = run_dir.join(SOCKET_NAME);
-            if socket.as_os_str().len() > MAX_SOCKET_PATH {
-                return Err(bad(
-                    n.name("run_dir", "TFINIT_RUN_DIR", "run-dir"),
-                    &run_dir.to_string_lossy(),
-                    &format!(
-                        "too long: the control socket's path ({} bytes with /{SOCKET_NAME}) must fit \
-                         in {MAX_SOCKET_PATH} bytes, the size of a Unix socket address",
-                        socket.as_os_str().len()
-                    ),
-                    "/tmp/tfinit",
-                ));
-            }
-        }
-        let state_dir = path_setting(
-            &n,
-            args.state_dir.as_ref(),
+        let (forward, rewrite) = forwarding(&n, args)?;
+        let (grace_period, stop_timeout, kill_margin) = budget(&n, args)?;
+        let (log_level, log_format) = logs(&n, args)?;
+        let run_dir = run_dir(&n, args)?;
+        let state_dir = n.path(
             "state_dir",
-            "TFINIT_STATE_DIR",
-            "state-dir",
+            given_path(&args.state_dir),
             PathBuf::from(DEFAULT_STATE_DIR),
             DEFAULT_STATE_DIR,
         )?;
-        // The default is checked like a given value: it becomes file names just the same.
-        let (owner, owner_source) = match args.owner.as_deref() {
-            None => (hostname(), "TFINIT_OWNER".to_string()),
-            Some(v) => (v.to_string(), n.name("owner", "TFINIT_OWNER", "owner")),
-        };
-        if let Some(problem) = owner_problem(&owner) {
-            let problem = match args.owner {
-                None => format!("{problem} (the default, the hostname: set TFINIT_OWNER)"),
-                Some(_) => problem,
-            };
-            return Err(bad(
-                owner_source,
-                &owner,
-                &problem,
-                "provider-terraform-7d9f-abcde",
-            ));
-        }
-        let owner_ttl = duration_setting(
-            &n,
-            args.owner_ttl.as_deref(),
-            "owner_ttl",
-            "TFINIT_OWNER_TTL",
-            "owner-ttl",
-            DEFAULT_OWNER_TTL,
-            "30s",
-        )?;
-        if owner_ttl < Duration::from_secs(1) {
-            return Err(bad(
-                n.name("owner_ttl", "TFINIT_OWNER_TTL", "owner-ttl"),
-                args.owner_ttl.as_deref().unwrap_or_default(),
-                "must be at least 1s (heartbeats are written every TTL/3)",
-                "30s",
-            ));
-        }
-        let record_timeout = duration_setting(
-            &n,
-            args.record_timeout.as_deref(),
-            "record_timeout",
-            "TFINIT_RECORD_TIMEOUT",
-            "record-timeout",
-            DEFAULT_RECORD_TIMEOUT,
-            "30s",
-        )?;
-        let force_unlock = match args.force_unlock.as_deref().map(str::trim) {
-            None | Some("auto") => true,
-            Some("off") => false,
-            Some(v) => {
-                return Err(bad(
-                    n.name("force_unlock", "TFINIT_FORCE_UNLOCK", "force-unlock"),
-                    v,
-                    "must be auto or off",
-                    "auto",
-                ))
-            }
-        };
-        let pod_uid = ["TFINIT_POD_UID", "POD_UID"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
+        let owner = owner(&n, args)?;
+        let (owner_ttl, record_timeout) = record_timers(&n, args)?;
+        let text = given(&args.force_unlock).map(str::trim);
+        let force_unlock = n
+            .parse("force_unlock", text, "auto", |v| {
+                choose(v, &[("auto", true), ("off", false)])
+            })?
+            .unwrap_or(true);
         Ok(InitConfig {
             forward,
             rewrite,
@@ -507,130 +343,147 @@ impl InitConfig {
             owner_ttl,
             record_timeout,
             force_unlock,
-            pod_uid,
+            pod_uid: pod_uid(),
         })
     }
 }
 
-impl InitArgs {
-    /// A copy where empty or blank values are None.
-    fn without_empty(&self) -> InitArgs {
-        let text = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
-        let path = |v: &Option<PathBuf>| v.clone().filter(|p| !p.as_os_str().is_empty());
-        InitArgs {
-            forward: text(&self.forward),
-            rewrite: text(&self.rewrite),
-            grace_period: text(&self.grace_period),
-            stop_timeout: text(&self.stop_timeout),
-            kill_margin: text(&self.kill_margin),
-            log: text(&self.log),
-            log_format: text(&self.log_format),
-            run_dir: path(&self.run_dir),
-            state_dir: path(&self.state_dir),
-            owner: text(&self.owner),
-            owner_ttl: text(&self.owner_ttl),
-            record_timeout: text(&self.record_timeout),
-            force_unlock: text(&self.force_unlock),
-        }
-    }
+/// Where forwarded signals go, and how they are rewritten first.
+fn forwarding(n: &Namer, args: &InitArgs) -> Result<(ForwardTo, Rewrites), ConfigError> {
+    let text = given(&args.forward).map(str::trim);
+    let forward = n
+        .parse("forward", text, "group", |v| {
+            choose(
+                v,
+                &[("group", ForwardTo::Group), ("child", ForwardTo::Child)],
+            )
+        })?
+        .unwrap_or(ForwardTo::Group);
+    let rewrite = n
+        .parse(
+            "rewrite",
+            given(&args.rewrite),
+            "TERM:INT,USR1:HUP",
+            parse_rewrites,
+        )?
+        .unwrap_or_default();
+    Ok((forward, rewrite))
 }
 
-/// What is wrong with `s` as this init's owner name, if anything: it must be a [`valid_owner`]
-/// and at most [`MAX_OWNER_LEN`] bytes, so that every file name tfinit makes of it fits in the
-/// 255 bytes a file system takes.
-pub fn owner_problem(s: &str) -> Option<String> {
-    if s.len() > MAX_OWNER_LEN {
-        return Some(format!(
-            "is {} bytes long; an owner name may have at most {MAX_OWNER_LEN}, so that the names of its files in TFINIT_STATE_DIR fit in 255 bytes",
-            s.len()
+/// The shutdown budget: grace period, stop timeout, kill margin, which must fit together.
+fn budget(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration, Duration), ConfigError> {
+    let durations = [
+        ("grace_period", &args.grace_period, DEFAULT_GRACE, "30s"),
+        (
+            "stop_timeout",
+            &args.stop_timeout,
+            DEFAULT_STOP_TIMEOUT,
+            "10s",
+        ),
+        ("kill_margin", &args.kill_margin, DEFAULT_KILL_MARGIN, "2s"),
+    ];
+    let [grace, stop, margin] = durations.map(|(key, value, default, example)| {
+        let d = n.parse(key, given(value), example, parse_duration)?;
+        Ok(d.unwrap_or(default))
+    });
+    let budget = [grace?, stop?, margin?];
+    check_budget(n, args, budget)?;
+    let [grace, stop, margin] = budget;
+    Ok((grace, stop, margin))
+}
+
+/// The log's level and format.
+fn logs(n: &Namer, args: &InitArgs) -> Result<(tracing::Level, LogFormat), ConfigError> {
+    let text = given(&args.log).map(str::trim);
+    let level = n.parse("log", text, "info", |v| {
+        v.parse::<tracing::Level>()
+            .map_err(|_| "must be error, warn, info, debug or trace".to_string())
+    })?;
+    let text = given(&args.log_format).map(str::trim);
+    let format = n.parse("log_format", text, "json", |v| {
+        choose(v, &[("text", LogFormat::Text), ("json", LogFormat::Json)])
+    })?;
+    Ok((
+        level.unwrap_or(tracing::Level::INFO),
+        format.unwrap_or(LogFormat::Text),
+    ))
+}
+
+/// The control socket's directory: a given one must leave room for the socket's name in a Unix
+/// socket address.
+fn run_dir(n: &Namer, args: &InitArgs) -> Result<PathBuf, ConfigError> {
+    let run_dir = n.path(
+        "run_dir",
+        given_path(&args.run_dir),
+        default_run_dir(),
+        "/tmp/tfinit",
+    )?;
+    let socket = socket_path(&run_dir);
+    if given_path(&args.run_dir).is_some() && socket.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(n.bad(
+            "run_dir",
+            &run_dir.to_string_lossy(),
+            &format!(
+                "too long: the control socket's path ({} bytes with /{SOCKET_NAME}) must fit \
+                 in {MAX_SOCKET_PATH} bytes, the size of a Unix socket address",
+                socket.as_os_str().len()
+            ),
+            "/tmp/tfinit",
         ));
     }
-    (!valid_owner(s)).then(|| {
-        format!(
-            "must be 1 to {MAX_OWNER_LEN} characters of letters, digits, '.', '-' or '_', not starting with '.'"
-        )
+    Ok(run_dir)
+}
+
+/// This owner's name in records: TFINIT_OWNER, else the hostname, checked alike (it becomes
+/// file names just the same).
+fn owner(n: &Namer, args: &InitArgs) -> Result<String, ConfigError> {
+    let (owner, source) = match given(&args.owner) {
+        None => (crate::sys::hostname(), env_of("owner")),
+        Some(v) => (v.to_string(), n.name("owner")),
+    };
+    let Some(problem) = owner_problem(&owner) else {
+        return Ok(owner);
+    };
+    let problem = match given(&args.owner) {
+        None => format!("{problem} (the default, the hostname: set TFINIT_OWNER)"),
+        Some(_) => problem,
+    };
+    Err(ConfigError {
+        source_name: source,
+        value: owner,
+        problem,
+        example: "provider-terraform-7d9f-abcde".into(),
     })
 }
 
-/// Whether `s` can name an owner in a record or heartbeat read back (it is part of file names in
-/// the state directory). Up to 253 bytes, as any tfinit accepted before [`MAX_OWNER_LEN`]: a
-/// record is not corrupt for a name this init would refuse at start.
-pub fn valid_owner(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        && !s.starts_with('.')
+/// The owner TTL (at least 1 s: heartbeats every TTL/3) and the record timeout.
+fn record_timers(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration), ConfigError> {
+    let ttl = n.parse("owner_ttl", given(&args.owner_ttl), "30s", |v| {
+        let ttl = parse_duration(v)?;
+        if ttl < Duration::from_secs(1) {
+            return Err("must be at least 1s (heartbeats are written every TTL/3)".into());
+        }
+        Ok(ttl)
+    })?;
+    let text = given(&args.record_timeout);
+    let record_timeout = n.parse("record_timeout", text, "30s", parse_duration)?;
+    Ok((
+        ttl.unwrap_or(DEFAULT_OWNER_TTL),
+        record_timeout.unwrap_or(DEFAULT_RECORD_TIMEOUT),
+    ))
 }
 
-/// The hostname as terraform's `os.Hostname()` sees it (the pod name in Kubernetes).
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-        })
-        .unwrap_or_else(|| "localhost".into())
-}
-
-/// Formats a duration as `1h30m`, `45s`, `250ms`.
-pub fn fmt_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 != 0 {
-        return format!("{ms}ms");
-    }
-    let s = ms / 1000;
-    let (h, m, s) = (s / 3600, (s / 60) % 60, s % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out += &format!("{h}h");
-    }
-    if m > 0 {
-        out += &format!("{m}m");
-    }
-    if s > 0 || out.is_empty() {
-        out += &format!("{s}s");
-    }
-    out
+/// The pod's UID from the downward API: TFINIT_POD_UID, else POD_UID.
+fn pod_uid() -> Option<String> {
+    ["TFINIT_POD_UID", "POD_UID"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
-        for bad in [
-            "",
-            "-1",
-            "1.5s",
-            "s",
-            "10x",
-            "1h30",
-            "99999999999999999999",
-            "9999h",
-            "30 s",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn formats_durations() {
-        assert_eq!(fmt_duration(Duration::from_secs(5400)), "1h30m");
-        assert_eq!(fmt_duration(Duration::from_secs(0)), "0s");
-        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
-    }
+    use crate::locks::names::MAX_OWNER_LEN;
 
     #[test]
     fn rewrites() {
@@ -692,14 +545,6 @@ mod tests {
     }
 
     #[test]
-    fn owners() {
-        assert!(valid_owner("pod-0"));
-        assert!(!valid_owner(""));
-        assert!(!valid_owner("../x"));
-        assert!(!valid_owner("a/b"));
-    }
-
-    #[test]
     fn an_owner_name_longer_than_its_files_allow_is_refused_with_its_length_and_the_maximum() {
         let longest = "p".repeat(MAX_OWNER_LEN);
         let with = |owner: &str| InitArgs {
@@ -721,7 +566,5 @@ mod tests {
             e.contains("for example TFINIT_OWNER=provider-terraform"),
             "{e}"
         );
-        // A record of an older tfinit's longer name still reads (it is not corrupt).
-        assert!(valid_owner(&"p".repeat(253)));
     }
 }

@@ -66,7 +66,7 @@ fn main() {
 /// The init: validate settings, take over signals, start the controller, supervise until done.
 fn run_init(cli: Cli, matches: &clap::ArgMatches) -> i32 {
     // Signals first: blocked before anything could start a thread, or the signalfd misses them.
-    let signals = match init::setup::signals() {
+    let signals = match init::signals() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tfinit: cannot set up signal handling (signalfd): {e}");

@@ -207,6 +207,15 @@ pub struct RunRequest {
     pub workspace: Option<String>,
 }
 
+/// The non-empty value of `key` in `KEY=VALUE` strings (a run's environment): the first entry
+/// with that key counts, as for Go's os.Getenv (syscall's copyenv keeps the first of duplicate
+/// keys), so terraform reads the same value.
+pub fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .filter(|v| !v.is_empty())
+}
+
 /// How a run ended, or why it never started.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitNote {
@@ -254,12 +263,9 @@ pub struct Status {
     pub pid: i32,
     /// running, draining or stopping.
     pub phase: String,
-    /// When stopping: the deadline, Unix seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline_unix: Option<f64>,
-    /// When stopping: seconds until the deadline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seconds_left: Option<f64>,
+    /// When stopping: the deadline (its two fields stand in the status itself).
+    #[serde(flatten)]
+    pub deadline: Option<Deadline>,
     /// The controller's pid, while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub main_pid: Option<i32>,
@@ -268,6 +274,15 @@ pub struct Status {
     pub records: Option<RecordsStatus>,
     /// terraform runs in flight.
     pub runs: Vec<RunStatus>,
+}
+
+/// The deadline in `tfinit status`, while stopping.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Deadline {
+    /// The deadline, Unix seconds.
+    pub deadline_unix: f64,
+    /// Seconds until the deadline (negative once past).
+    pub seconds_left: f64,
 }
 
 /// The lock-owner records' store in `tfinit status`.
@@ -363,5 +378,35 @@ mod tests {
         assert_eq!(s, r#"{"v":1,"op":"status"}"#);
         let back: Envelope = serde_json::from_str(&s).unwrap();
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn the_deadline_stands_in_the_status_only_while_stopping_and_reads_back() {
+        let mut status = Status {
+            v: VERSION,
+            pid: 1,
+            phase: "running".into(),
+            deadline: None,
+            main_pid: Some(7),
+            records: None,
+            runs: vec![],
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        assert_eq!(
+            json,
+            r#"{"v":1,"pid":1,"phase":"running","main_pid":7,"runs":[]}"#
+        );
+        assert_eq!(serde_json::from_str::<Status>(&json).unwrap(), status);
+        status.phase = "stopping".into();
+        status.deadline = Some(Deadline {
+            deadline_unix: 1.5,
+            seconds_left: -2.0,
+        });
+        let json = serde_json::to_string(&status).unwrap();
+        assert_eq!(
+            json,
+            r#"{"v":1,"pid":1,"phase":"stopping","deadline_unix":1.5,"seconds_left":-2.0,"main_pid":7,"runs":[]}"#
+        );
+        assert_eq!(serde_json::from_str::<Status>(&json).unwrap(), status);
     }
 }

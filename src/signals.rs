@@ -142,15 +142,6 @@ pub fn received_and_forwarded(signo: SigNo) -> bool {
         )
 }
 
-/// Whether `signo` may be forwarded or rewritten to: catchable, not one the kernel raises for faults.
-pub fn forwardable(signo: SigNo) -> bool {
-    match Signal::try_from(signo) {
-        Ok(Signal::SIGKILL | Signal::SIGSTOP) => true,
-        Ok(s) => !SYNCHRONOUS.contains(&s) || s == Signal::SIGABRT,
-        Err(_) => signo >= sys::sigrtmin() && signo <= sys::sigrtmax(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -319,6 +319,20 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// The hostname as terraform's `os.Hostname()` sees it (the pod name in Kubernetes).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+        })
+        .unwrap_or_else(|| "localhost".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

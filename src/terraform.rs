@@ -1,6 +1,7 @@
 //! What tfinit knows about a terraform command line: its subcommand, whether it takes the state
 //! lock, where it runs (`-chdir`), how to show it without secrets, and where the real binary is.
 
+use crate::protocol::env_value;
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -267,14 +268,6 @@ impl Invocation {
             None => cwd.to_path_buf(),
         }
     }
-}
-
-/// The non-empty value of `key` in `KEY=VALUE` strings; the first one counts, as for Go's
-/// os.Getenv (syscall's copyenv keeps the first of duplicate keys).
-pub fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
-    env.iter()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-        .filter(|v| !v.is_empty())
 }
 
 /// terraform's extractChdirOption: among the leading arguments that start with `-`, the last

@@ -70,7 +70,7 @@ fn a_gibibyte_of_garbage_from_a_peer_is_refused_early_and_never_buffered() {
     }
     let _g = heavy();
     let tmp = TempDir::new("bad-garbage");
-    let init = Init::start(&tmp, Setup::default());
+    let init = HelperInit::start(&tmp, Setup::default());
     let before = init.peak_rss_kib();
     let max = (MAX_PAYLOAD as u32).to_be_bytes();
     let cases: [(&str, Vec<u8>, &str); 3] = [
@@ -131,7 +131,7 @@ fn a_request_carrying_too_many_descriptors_is_refused_and_every_descriptor_is_cl
         return;
     }
     let tmp = TempDir::new("bad-many-fds");
-    let init = Init::start(&tmp, Setup::default());
+    let init = HelperInit::start(&tmp, Setup::default());
     // Copies of one pipe's write end travel with the request: more than the init takes. Once the
     // init closed every copy it received, and ours are closed, the read end reads end of file.
     // O_CLOEXEC: processes other tests start meanwhile must not hold the write end open.
@@ -189,7 +189,7 @@ fn a_gibibyte_of_garbage_signal_frames_during_a_run_is_read_and_dropped_and_the_
     }
     let _g = heavy();
     let tmp = TempDir::new("bad-garbage-run");
-    let init = Init::start(&tmp, Setup::default());
+    let init = HelperInit::start(&tmp, Setup::default());
     let before = init.peak_rss_kib();
     let log = tmp.join("fake.log");
     // The fake terraform echoes its stdin (a pipe this test holds) and exits 7 at its end.
@@ -262,7 +262,7 @@ fn terraform_printing_a_gibibyte_without_a_newline_is_relayed_whole_without_buff
     }
     let _g = heavy();
     let tmp = TempDir::new("bad-long-line");
-    let init = Init::start(&tmp, Setup::default());
+    let init = HelperInit::start(&tmp, Setup::default());
     let before = init.peak_rss_kib();
     // `apply` takes the state lock, so the init follows the output for resources in progress.
     let mut cmd = init.shim(
@@ -346,7 +346,7 @@ fn a_thousand_shims_connecting_at_once_all_get_their_own_output_and_exit_code() 
     let _g = heavy();
     const N: usize = 1000;
     let tmp = TempDir::new("bad-thousand");
-    let init = Init::start(&tmp, Setup::default());
+    let init = HelperInit::start(&tmp, Setup::default());
     let before = init.peak_rss_kib();
     // Stop the init so that every shim's connection waits in the listen queue, then let it go.
     init.signal(libc::SIGSTOP);

@@ -26,7 +26,7 @@ fn a_state_dir_that_is_a_file_is_named_in_a_warning_and_runs_still_work() {
     let tmp = TempDir::new("bad-state-file");
     let file = tmp.join("state-is-a-file");
     std::fs::write(&file, "not a directory\n").unwrap();
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             state_dir: Some(&file),
@@ -49,7 +49,7 @@ fn a_read_only_state_dir_is_named_in_a_warning_and_runs_still_work() {
     let dir = tmp.join("state-ro");
     std::fs::create_dir_all(&dir).unwrap();
     let d = sh_quote(&dir);
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             before: &format!("mount --bind {d} {d} && mount -o remount,bind,ro {d}"),
@@ -79,7 +79,7 @@ fn a_state_dir_on_a_full_disk_at_start_is_named_in_a_warning_and_runs_still_work
     let dir = tmp.join("state-full");
     std::fs::create_dir_all(&dir).unwrap();
     let d = sh_quote(&dir);
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             before: &format!("mount -t tmpfs -o size=16k tmpfs {d} && {}", fill(&d)),
@@ -104,7 +104,7 @@ fn a_state_dir_that_fills_up_while_running_costs_the_records_but_not_the_runs() 
     std::fs::create_dir_all(&dir).unwrap();
     let d = sh_quote(&dir);
     let filled = tmp.join("filled");
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             before: &format!("mount -t tmpfs -o size=16k tmpfs {d}"),
@@ -144,9 +144,9 @@ fn a_regular_file_at_the_socket_path_is_kept_and_named_and_shims_run_terraform_d
     let run = tmp.join("run");
     std::fs::create_dir_all(&run).unwrap();
     std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let sock = run.join("tfinit.sock");
+    let sock = tfinit::config::socket_path(&run);
     std::fs::write(&sock, "somebody's file\n").unwrap();
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             run_dir: Some(&run),
@@ -227,7 +227,7 @@ fn fifos_in_records_and_as_recover_lock_are_named_in_warnings_and_never_hold_up_
     )
     .unwrap();
 
-    let init = Init::start(
+    let init = HelperInit::start(
         &tmp,
         Setup {
             state_dir: Some(&state),

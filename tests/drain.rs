@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use slow::{Budget, Init, Shape, Spec, Workdir};
+use slow::{Budget, Shape, SlowInit, Spec, Workdir};
 
 /// The shim's documented exit code when the init refuses to start terraform (EX_TEMPFAIL).
 const EXIT_REFUSED: i32 = 75;
@@ -42,7 +42,7 @@ fn drain_refuses_new_runs_with_exit_75_and_resume_accepts_them_again(shape: Shap
     }
     let work = Workdir::new("drain-refuse");
     let ctl_signals = work.tmp.join("controller-signals.log");
-    let mut init = Init::start(
+    let mut init = SlowInit::start(
         &work.tmp,
         Spec {
             cwd: &work.dir,
@@ -119,7 +119,7 @@ fn drain_wait_returns_once_the_last_run_in_flight_has_ended(shape: Shape) {
     }
     let work = Workdir::new("drain-wait");
     let ctl_log = work.tmp.join("controller.log");
-    let mut init = Init::start(
+    let mut init = SlowInit::start(
         &work.tmp,
         Spec {
             cwd: &work.dir,
@@ -188,7 +188,7 @@ fn drain_wait_gives_up_after_its_timeout_listing_the_runs_still_going(shape: Sha
         return;
     }
     let work = Workdir::new("drain-timeout");
-    let mut init = Init::start(
+    let mut init = SlowInit::start(
         &work.tmp,
         Spec {
             cwd: &work.dir,
@@ -240,7 +240,7 @@ fn status_shows_the_phase_the_deadline_and_the_seconds_left() {
     }
     let tmp = common::TempDir::new("status");
     let tf_log = tmp.join("fake-terraform.log");
-    let mut init = Init::start(
+    let mut init = SlowInit::start(
         &tmp,
         Spec {
             cwd: &tmp.0,

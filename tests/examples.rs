@@ -15,7 +15,8 @@ use clap::Parser;
 use common::{deps, repo, require};
 use serde_json::Value;
 use tfinit::cli::{Cli, Command as Sub, InitArgs};
-use tfinit::config::{parse_duration, InitConfig};
+use tfinit::config::InitConfig;
+use tfinit::duration::parse_duration;
 
 /// Room between tfinit's deadline and the kubelet's SIGKILL: the preStop hook's start, the
 /// delivery of SIGTERM, the kubelet's own timing.

@@ -204,27 +204,27 @@ impl Drop for ApiServer {
 // ----- the world -----
 
 /// One test's world: a stand-in, a working directory initialised on it, a shared state dir.
-struct World {
+struct KubeWorld {
     place: Place,
     api: ApiServer,
     kubeconfig: PathBuf,
 }
 
-impl std::ops::Deref for World {
+impl std::ops::Deref for KubeWorld {
     type Target = Place;
     fn deref(&self) -> &Place {
         &self.place
     }
 }
 
-impl World {
+impl KubeWorld {
     /// Starts the stand-in and `terraform init`s the working directory on it (as root, before
     /// any pod), with the given extra workspaces.
-    fn new(name: &str, workspaces: &[&str]) -> World {
+    fn new(name: &str, workspaces: &[&str]) -> KubeWorld {
         let place = Place::new(name, Some("kube"), TTL);
         let api = ApiServer::start(&place.tmp);
         let kubeconfig = place.tmp.join("kubeconfig");
-        let w = World {
+        let w = KubeWorld {
             place,
             api,
             kubeconfig,
@@ -335,7 +335,7 @@ impl World {
 }
 
 /// Polls until pod `owner`'s heartbeat is older than the TTL (it is dead for everyone).
-fn wait_dead(w: &World, owner: &str) {
+fn wait_dead(w: &KubeWorld, owner: &str) {
     let hb = heartbeat_ms(&w.state, owner);
     wait_for(TTL * 3, "the dead pod's heartbeat to pass the TTL", || {
         (now_ms() > hb + TTL.as_millis() as u64 + 200).then_some(())
@@ -358,7 +358,7 @@ fn a_pod_killed_mid_apply_is_recovered_by_the_next_pod(single_process: bool) {
     }
     let workspace = if single_process { "staging" } else { "default" };
     let extra: &[&str] = if single_process { &["staging"] } else { &[] };
-    let w = World::new("kube-kill", extra);
+    let w = KubeWorld::new("kube-kill", extra);
     let mut env = vec![("TF_WORKSPACE", workspace.to_string())];
     if single_process {
         env.push(("TF_FORK", "0".into()));
@@ -442,7 +442,7 @@ fn a_foreign_holders_lock_is_never_unlocked() {
     if !have_deps() {
         return;
     }
-    let w = World::new("kube-foreign", &[]);
+    let w = KubeWorld::new("kube-foreign", &[]);
     // A dead pod's record, and the lock held by somebody's laptop since then.
     let (rec, mut info) = w.plant_dead_run("default");
     info["Who"] = json!("root@laptop");
@@ -495,7 +495,7 @@ fn a_live_owners_lock_during_a_rolling_update_is_never_unlocked() {
     if !have_deps() {
         return;
     }
-    let w = World::new("kube-rolling", &[]);
+    let w = KubeWorld::new("kube-rolling", &[]);
     // pod-a's apply lasts two TTLs: only its heartbeat tells pod-b that it is alive.
     let a_out = w.tmp.join("pod-a.out");
     let mut pod_a = Pod::start(
@@ -554,7 +554,7 @@ fn a_kill_inside_init_with_the_state_missing_needs_a_person_and_says_how() {
     if !have_deps() {
         return;
     }
-    let w = World::new("kube-person", &[]);
+    let w = KubeWorld::new("kube-person", &[]);
     // The Secret was deleted; the next init creates it, under the lock. The stand-in holds the
     // create unanswered, so the pod dies inside that window.
     w.api.delete(&ApiServer::secret_path("default"));
@@ -675,7 +675,7 @@ fn what_cannot_be_told_is_left_alone_and_a_deleted_lease_is_free() {
     if !have_deps() {
         return;
     }
-    let w = World::new("kube-unknown", &[]);
+    let w = KubeWorld::new("kube-unknown", &[]);
     let (rec, info) = w.plant_dead_run("default");
     w.api.plant_lock("default", &info);
     let created = parse_rfc3339_ms(info["Created"].as_str().unwrap());

@@ -63,7 +63,7 @@ fn two_hundred_fifty_six_runs_at_once_through_the_shim_each_get_their_own_output
     let _g = heavy();
     const N: usize = 256;
     let tmp = TempDir::new("load-256");
-    let init = Init::start(&tmp, load_setup(&[], ""));
+    let init = HelperInit::start(&tmp, load_setup(&[], ""));
     let shim = shim_dir(&tmp);
     let fake = fake_terraform_dir(&tmp);
     let path = common::path_with(&[&shim, &fake]);
@@ -174,7 +174,7 @@ fn sixteen_real_terraform_runs_at_once_through_the_shim_all_get_their_plan_and_e
     let _g = heavy();
     const N: usize = 16;
     let tmp = TempDir::new("load-real");
-    let init = Init::start(&tmp, load_setup(&[], ""));
+    let init = HelperInit::start(&tmp, load_setup(&[], ""));
     let shim = shim_dir(&tmp);
     let bin = terraform_bin().parent().unwrap().to_path_buf();
     let path = common::path_with(&[&shim, &bin]);
@@ -324,7 +324,7 @@ fn signals_to_the_init_during_ten_thousand_orphan_exits_all_reach_the_controller
         sh_quote(&helper()),
         sh_quote(&burst)
     );
-    let init = Init::start(&tmp, load_setup(&[("TFINIT_FORWARD", "child")], &first));
+    let init = HelperInit::start(&tmp, load_setup(&[("TFINIT_FORWARD", "child")], &first));
     // Real-time signals queue (standard ones coalesce, so their count proves nothing): three
     // kinds, interleaved, a hundred of each, sent while the orphans fork and exit.
     let rtmin = libc::SIGRTMIN();

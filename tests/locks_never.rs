@@ -26,7 +26,7 @@ use std::process::Stdio;
 
 /// terraform applying (for `sleep` seconds) in `w`'s workspace as root on host `host`, in a PID
 /// namespace of its own but without tfinit: its lock's Who is `root@<host>`.
-fn apply_outside_tfinit(w: &World, host: &str, sleep: u32) -> Pod {
+fn apply_outside_tfinit(w: &S3World, host: &str, sleep: u32) -> Pod {
     let mut c = common::unshare();
     c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "--uts"])
         .args([
@@ -56,7 +56,7 @@ fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-laptop");
+    let w = S3World::new("lock-laptop");
     // Somebody's laptop (not a pod) runs the apply and dies holding the lock.
     let mut laptop = apply_outside_tfinit(&w, "laptop", 30);
     let lock = wait_for(STEP, "the laptop's lock", || w.moto.lock(STATE));
@@ -151,7 +151,7 @@ fn a_pod_starting_during_a_live_pods_apply_never_unlocks_it_and_succeeds_after()
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-rolling");
+    let w = S3World::new("lock-rolling");
     // pod-a's apply lasts two TTLs: only its heartbeat tells pod-b that it is alive.
     let a_out = w.tmp.join("pod-a.out");
     let mut pod_a = Pod::start(
@@ -244,7 +244,7 @@ fn a_live_owner_whose_clock_is_far_behind_is_never_taken_for_dead() {
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-skew");
+    let w = S3World::new("lock-skew");
     // pod-b's terraform holds the lock (its Who: root@pod-b), alive for the whole test.
     let mut holder = apply_outside_tfinit(&w, "pod-b", 120);
     let lock = wait_for(STEP, "pod-b's lock", || w.moto.lock(STATE));
@@ -307,7 +307,7 @@ fn two_live_inits_with_one_owner_name_never_unlock_each_others_locks() {
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-twins");
+    let w = S3World::new("lock-twins");
     let a_out = w.tmp.join("twin-1.out");
     let mut first = Pod::start(
         &w,
@@ -365,7 +365,7 @@ fn force_unlock_off_never_unlocks_and_recover_dry_run_changes_nothing() {
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-off");
+    let w = S3World::new("lock-off");
     let (mut pod_a, _) = pod_a_mid_apply(&w, "pod-a", None, false);
     pod_a.kill();
     let lock = w.moto.lock(STATE).expect("stuck");

@@ -27,7 +27,7 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-kill");
+    let w = S3World::new("lock-kill");
     let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), false);
 
     // The record names the run exactly as terraform's lock will, and holds no secret.
@@ -131,7 +131,7 @@ fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_ca
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-orphans");
+    let w = S3World::new("lock-orphans");
     // -json output this time: the record follows its apply_start / apply_complete lines.
     let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), true);
     assert_eq!(rec["in_progress"], json!(["null_resource.a"]));
@@ -188,7 +188,7 @@ fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-oom");
+    let w = S3World::new("lock-oom");
     // The OOM killer picks terraform's wrapped child (the process that holds the lock); the
     // panicwrap parent then exits 255, the pod lives on and its controller retries.
     let out = w.tmp.join("pod-a.out");
@@ -242,7 +242,7 @@ fn a_dead_runs_lock_on_a_missing_workspace_state_needs_a_person_and_the_command_
     // so a kill in that window leaves a lock force-unlock cannot release: it loads the state
     // first, which tries to lock. Measured on moto, as on kubernetes.
     // The dead run's `workspace new feature` took the lock and died before writing the object.
-    let w = World::new("lock-person");
+    let w = S3World::new("lock-person");
     let lock_id = "tfstate/env:/feature/tfinit/terraform.tfstate";
     let started = now_ms() - 60_000;
     let owner = json!({"name": "pod-a", "boot_id": "0", "started_ms": started - 1000, "pid": 1});
@@ -320,7 +320,7 @@ fn two_runs_in_one_directory_share_one_recovery_and_none_starts_before_it_ends()
     if !have_deps() {
         return;
     }
-    let w = World::new("lock-serial");
+    let w = S3World::new("lock-serial");
     let started = now_ms() - 60_000;
     let rec = w.plant_record(
         "pod-z.0-1-1.r1.json",

@@ -117,7 +117,7 @@ fn start_with_straggler(
     tmp: &TempDir,
     env: &[(&str, &str)],
     helper_args: &str,
-) -> (Init, PathBuf) {
+) -> (Pid1Init, PathBuf) {
     let out = tmp.join("straggler.out");
     let args = leave_a_straggler(&out, helper_args);
     let argv: Vec<&OsStr> = args.iter().map(|a| os(a)).collect();

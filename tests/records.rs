@@ -21,20 +21,20 @@ const TTL: Duration = Duration::from_secs(3);
 
 /// A pod's world: a state dir, a working directory, the shim and a fake terraform (`script` is
 /// its body; it sees $STATE, $OUT).
-struct World {
+struct FakeWorld {
     place: Place,
     path: String,
 }
 
-impl std::ops::Deref for World {
+impl std::ops::Deref for FakeWorld {
     type Target = Place;
     fn deref(&self) -> &Place {
         &self.place
     }
 }
 
-impl World {
-    fn new(name: &str, fake_terraform: &str) -> World {
+impl FakeWorld {
+    fn new(name: &str, fake_terraform: &str) -> FakeWorld {
         let mut place = Place::new(name, None, TTL);
         let fake = place.tmp.join("fake");
         fs::create_dir_all(&fake).unwrap();
@@ -43,7 +43,7 @@ impl World {
         fs::set_permissions(&tf, fs::Permissions::from_mode(0o755)).unwrap();
         let path = format!("{}:{}:/usr/bin:/bin", place.shim.display(), fake.display());
         place.terraform_dir = fake;
-        let w = World { place, path };
+        let w = FakeWorld { place, path };
         w.give_to_pods();
         w
     }
@@ -109,7 +109,7 @@ const SNAPSHOT: &str = r#"n=$(ls -d "$OUT".[0-9]* 2>/dev/null | wc -l); n=$((n+1
 mkdir -p "$OUT.$n"; cp "$STATE"/records/*.json "$OUT.$n"/ 2>/dev/null
 exit "${FAKE_EXIT:-0}""#;
 
-fn snapshot(w: &World, n: usize) -> Vec<Value> {
+fn snapshot(w: &FakeWorld, n: usize) -> Vec<Value> {
     let dir = PathBuf::from(format!("{}.{n}", w.out().display()));
     let mut v: Vec<Value> = fs::read_dir(&dir)
         .map(|rd| {
@@ -127,7 +127,7 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
     if !have_deps() || !have_root() {
         return;
     }
-    let w = World::new("rec-life", SNAPSHOT);
+    let w = FakeWorld::new("rec-life", SNAPSHOT);
     fs::create_dir_all(w.ws.join("sub")).unwrap();
     w.give_to_pods();
     let script = "terraform -chdir=sub apply -auto-approve -var=password=hunter2 -var 'token=abc123' \
@@ -217,7 +217,7 @@ fn the_record_names_the_workspace_the_shim_read_in_the_runs_data_directory() {
     if !have_deps() {
         return;
     }
-    let w = World::new("rec-ws", SNAPSHOT);
+    let w = FakeWorld::new("rec-ws", SNAPSHOT);
     // -chdir=sub: the stored workspace is read in sub, not in the shim's cwd (which names another).
     fs::create_dir_all(w.ws.join("sub/.terraform")).unwrap();
     fs::create_dir_all(w.ws.join(".terraform")).unwrap();
@@ -259,7 +259,7 @@ fn commands_that_take_no_lock_write_no_record() {
     if !have_deps() {
         return;
     }
-    let w = World::new(
+    let w = FakeWorld::new(
         "rec-nolock",
         r#"ls "$STATE"/records/*.json 2>/dev/null | wc -l | tr -d ' ' >> "$OUT""#,
     );
@@ -326,7 +326,7 @@ fn a_terraform_that_may_have_left_its_lock_keeps_its_record_marked_with_how_it_e
         return;
     }
     // $HOW picks the ending; the record is on disk with the in-progress set before it.
-    let w = World::new(
+    let w = FakeWorld::new(
         "rec-ended",
         r#"[ "$HOW" = none ] && exit 0
 echo "null_resource.x: Creating..."
@@ -406,7 +406,7 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     if !have_deps() {
         return;
     }
-    let w = World::new("rec-heartbeat", "exit 0");
+    let w = FakeWorld::new("rec-heartbeat", "exit 0");
     let mut pod = w.pod("pod-r", None, "sleep 4", &[]);
     let read = || -> Option<(u64, Value, SystemTime)> {
         let hb_file = heartbeat_file(&w.state, "pod-r")?;
@@ -466,7 +466,7 @@ fn each_in_progress_set_is_in_the_record_before_terraform_prints_its_next_line()
         return;
     }
     const RECORD_WAIT_CS: u32 = 1000;
-    let w = World::new(
+    let w = FakeWorld::new(
         "rec-progress",
         &format!(
             r#"shows() {{ i=0; while [ $i -lt {RECORD_WAIT_CS} ]; do
@@ -490,7 +490,7 @@ echo 'module.m.null_resource.c["x"]: Creation complete after 1s [id=3]'; shows '
         "terraform exited by itself: its record is removed"
     );
     // Negative case: a set that no line makes never shows, so the wait gives up with its message.
-    let w = World::new(
+    let w = FakeWorld::new(
         "rec-progress-neg",
         r#"i=0; while [ $i -lt 100 ]; do
   cat "$STATE"/records/*.json 2>/dev/null | tr -d ' \n' | grep -qF '"in_progress":["null_resource.z"]' && exit 0
@@ -507,7 +507,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
     if !have_deps() || !have_root() {
         return;
     }
-    let w = World::new("rec-corrupt", "exit 0");
+    let w = FakeWorld::new("rec-corrupt", "exit 0");
     let records = w.state.join("records");
     fs::create_dir_all(&records).unwrap();
     let good = json!({
@@ -590,7 +590,7 @@ fn an_unusable_state_dir_gives_one_warning_and_terraform_still_runs() {
         return;
     }
     for case in ["missing", "a file", "read-only"] {
-        let w = World::new("rec-unusable", "exit 0");
+        let w = FakeWorld::new("rec-unusable", "exit 0");
         let dir = w.tmp.join("unusable");
         match case {
             "missing" => {}

@@ -39,7 +39,7 @@ fn init_apply_output_plan_and_console_match_a_direct_run_byte_for_byte(shape: Sh
         return;
     };
     let tmp = TempDir::new("shim-bytes");
-    let init = Init::start(&tmp, &tmp.0, &[], None);
+    let init = ShimInit::start(&tmp, &tmp.0, &[], None);
     let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
     let direct = fixture("basic", &tmp.join("direct"));
     let shimmed = fixture("basic", &tmp.join("shim"));
@@ -138,7 +138,7 @@ fn a_plan_and_a_show_json_of_several_megabytes_arrive_complete_and_identical(sha
         return;
     };
     let tmp = TempDir::new("shim-big");
-    let init = Init::start(&tmp, &tmp.0, &[], None);
+    let init = ShimInit::start(&tmp, &tmp.0, &[], None);
     let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
     let direct = fixture("big", &tmp.join("direct"));
     let shimmed = fixture("big", &tmp.join("shim"));

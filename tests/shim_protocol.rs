@@ -21,22 +21,22 @@ use common::{wait_for, TempDir};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// tfinit as PID 1 (the shim tests' [`common::shim::Init`]: a controller that waits for SIGTERM,
+/// tfinit as PID 1 (the shim tests' [`common::shim::ShimInit`]: a controller that waits for SIGTERM,
 /// its log collected) in a temp dir of its own.
-struct Init {
-    init: common::shim::Init,
+struct ProtocolInit {
+    init: common::shim::ShimInit,
     tmp: TempDir,
 }
 
-impl Init {
-    fn start(name: &str) -> Init {
+impl ProtocolInit {
+    fn start(name: &str) -> ProtocolInit {
         let tmp = TempDir::new(name);
-        let init = common::shim::Init::start(&tmp, &tmp.0, &[], None);
-        Init { init, tmp }
+        let init = common::shim::ShimInit::start(&tmp, &tmp.0, &[], None);
+        ProtocolInit { init, tmp }
     }
 
     fn socket(&self) -> PathBuf {
-        self.init.run_dir.join("tfinit.sock")
+        tfinit::config::socket_path(&self.init.run_dir)
     }
 
     fn log(&self) -> String {
@@ -152,7 +152,7 @@ fn assert_error_reply(frames: &[(u8, Vec<u8>)], expect: &str) {
 }
 
 /// Sends `bytes` on a fresh connection and returns what came back.
-fn exchange(init: &Init, bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+fn exchange(init: &ProtocolInit, bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
     let mut s = init.connect();
     // The init may close as soon as it has seen enough: a failed write is not the test's concern.
     let _ = s.write_all(bytes);
@@ -164,7 +164,7 @@ fn malformed_frames_get_an_error_reply_and_the_init_keeps_serving() {
     if !common::can_unshare() {
         return;
     }
-    let init = Init::start("proto-malformed");
+    let init = ProtocolInit::start("proto-malformed");
     let request = |v: Value| frame(b'R', v.to_string().as_bytes());
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
@@ -257,7 +257,7 @@ fn a_valid_request_sent_one_byte_at_a_time_is_answered() {
     if !common::can_unshare() {
         return;
     }
-    let init = Init::start("proto-drip");
+    let init = ProtocolInit::start("proto-drip");
     let mut s = init.connect();
     for b in frame(b'R', br#"{"v":1,"op":"status"}"#) {
         s.write_all(&[b]).unwrap();
@@ -277,7 +277,7 @@ fn a_gibibyte_of_stream_garbage_is_cut_off_early_without_growing_the_init() {
     if !common::can_unshare() {
         return;
     }
-    let init = Init::start("proto-gib");
+    let init = ProtocolInit::start("proto-gib");
     let before = init.peak_rss_kib();
     // No frame at all; then a maximal frame header followed by an endless body.
     let headers: [(&str, Vec<u8>, &str); 2] = [
@@ -332,7 +332,7 @@ fn a_client_that_starts_a_run_and_disconnects_abandons_it_and_the_run_is_stopped
     if !common::can_unshare() {
         return;
     }
-    let init = Init::start("proto-disconnect");
+    let init = ProtocolInit::start("proto-disconnect");
     let fake = common::fake_terraform_dir(&init.tmp).join("terraform");
     let log = init.tmp.join("fake.log");
     let req = json!({
@@ -384,7 +384,7 @@ fn a_second_request_on_a_run_connection_ends_the_connection_not_the_run() {
     if !common::can_unshare() {
         return;
     }
-    let init = Init::start("proto-second");
+    let init = ProtocolInit::start("proto-second");
     let fake = common::fake_terraform_dir(&init.tmp).join("terraform");
     let log = init.tmp.join("fake.log");
     let req = json!({

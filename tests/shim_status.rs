@@ -140,7 +140,11 @@ fn status_without_an_init_fails_with_a_clear_error() {
     let err = text(&o.stderr);
     assert!(
         err.contains("no tfinit init answers on")
-            && err.contains(&tmp.join("none/tfinit.sock").display().to_string()),
+            && err.contains(
+                &tfinit::config::socket_path(&tmp.join("none"))
+                    .display()
+                    .to_string()
+            ),
         "{err}"
     );
 }

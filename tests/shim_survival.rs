@@ -69,7 +69,7 @@ fn sigkill_of_the_shim_during_shutdown_leaves_the_apply_running_to_completion(sh
         ("TFINIT_GRACE_PERIOD", "90s".to_string()),
     ];
     env.extend(shape.env());
-    let mut init = Init::start(&tmp, &work, &env, Some(controller));
+    let mut init = ShimInit::start(&tmp, &work, &env, Some(controller));
 
     // The shim relays the apply to the controller's stdout, which is the init's.
     wait_for(LONG, "the apply's provisioner to start", || {
@@ -214,7 +214,7 @@ fn sixteen_concurrent_applies_in_separate_dirs_all_complete(shape: Shape) {
     };
     const N: usize = 16;
     let tmp = TempDir::new("shim-16");
-    let init = Init::start(&tmp, &tmp.0, &[], None);
+    let init = ShimInit::start(&tmp, &tmp.0, &[], None);
     let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
     let go = tmp.join("go");
     let dirs: Vec<PathBuf> = (0..N)
@@ -353,7 +353,7 @@ fn a_client_of_another_uid_is_refused_and_the_init_keeps_serving() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&init.run_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(
-        init.run_dir.join("tfinit.sock"),
+        tfinit::config::socket_path(&init.run_dir),
         std::fs::Permissions::from_mode(0o777),
     )
     .unwrap();

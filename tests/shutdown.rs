@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use slow::{Budget, Events, Init, Shape, Spec, Workdir};
+use slow::{Budget, Events, Shape, SlowInit, Spec, Workdir};
 
 /// How early a timed step may seem to be logged: the deadline is computed from the log line that
 /// began the timeline, whose timestamp is taken a little after the deadline was set (more under
@@ -34,9 +34,9 @@ const PROMPT: f64 = 1.0;
 const CONTROLLER_CODE: u8 = 7;
 
 /// Starts the controller stand-in running the slow apply (`sleep` seconds) with the real terraform.
-fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> Init {
+fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> SlowInit {
     let log = work.tmp.join("controller.log");
-    Init::start(
+    SlowInit::start(
         &work.tmp,
         Spec {
             cwd: &work.dir,
@@ -51,8 +51,12 @@ fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> Init 
 
 /// Starts the controller stand-in running an apply of the fake terraform that ignores SIGTERM
 /// (logging to `tf_log`, sleeping two minutes), and waits until the fake has started.
-fn start_ignoring_sigterm(tmp: &common::TempDir, tf_log: &std::path::Path, budget: Budget) -> Init {
-    let init = Init::start(
+fn start_ignoring_sigterm(
+    tmp: &common::TempDir,
+    tf_log: &std::path::Path,
+    budget: Budget,
+) -> SlowInit {
+    let init = SlowInit::start(
         tmp,
         Spec {
             cwd: &tmp.0,
@@ -78,7 +82,7 @@ fn start_ignoring_sigterm(tmp: &common::TempDir, tf_log: &std::path::Path, budge
 }
 
 /// Waits until the apply is in flight (its local-exec started) and checks the shape.
-fn wait_in_flight(init: &Init, work: &Workdir, shape: Shape) {
+fn wait_in_flight(init: &SlowInit, work: &Workdir, shape: Shape) {
     common::wait_for(
         Duration::from_secs(60),
         "the slow local-exec to start (slow.started)",
@@ -88,7 +92,7 @@ fn wait_in_flight(init: &Init, work: &Workdir, shape: Shape) {
 }
 
 /// Asserts terraform saw at most one interrupt: the output never says "Two interrupts received".
-fn assert_one_interrupt_at_most(init: &Init) {
+fn assert_one_interrupt_at_most(init: &SlowInit) {
     let all = init.all_output();
     assert!(
         !all.contains("Two interrupts received"),

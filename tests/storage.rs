@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use common::fuse::{DelayFs, Rules};
 use common::{wait_for, TempDir};
-use slow::{now_unix, Budget, Init, Shape, Spec};
+use slow::{now_unix, Budget, Shape, SlowInit, Spec};
 
 /// How late a signal to the init may reach the controller.
 const FORWARD: Duration = Duration::from_millis(500);
@@ -48,8 +48,8 @@ eval "$FAKE_DO"
 
 /// One test's world: the FUSE state volume, the init, the stand-in terraform, the controller's
 /// signal log.
-struct Pod {
-    init: Init,
+struct FusePod {
+    init: SlowInit,
     fs: DelayFs,
     tmp: TempDir,
     signals: PathBuf,
@@ -82,9 +82,9 @@ impl Default for Setup {
     }
 }
 
-impl Pod {
+impl FusePod {
     /// Starts the init with its state directory on `fs`; waits until the controller is ready.
-    fn start(name: &str, fs: DelayFs, setup: Setup) -> Pod {
+    fn start(name: &str, fs: DelayFs, setup: Setup) -> FusePod {
         let tmp = TempDir::new(name);
         let fake = tmp.join("fake");
         std::fs::create_dir_all(&fake).unwrap();
@@ -100,7 +100,7 @@ impl Pod {
             .map(OsString::from)
             .collect();
         let s = |p: &Path| p.display().to_string();
-        let init = Init::start(
+        let init = SlowInit::start(
             &tmp,
             Spec {
                 cwd: &tmp.0,
@@ -118,7 +118,7 @@ impl Pod {
                 main,
             },
         );
-        let pod = Pod {
+        let pod = FusePod {
             init,
             fs,
             tmp,
@@ -279,7 +279,7 @@ impl Pod {
     }
 }
 
-/// A shim started by [`Pod::run`]; killed and reaped when dropped.
+/// A shim started by [`FusePod::run`]; killed and reaped when dropped.
 struct Shim(Child);
 
 impl Drop for Shim {
@@ -316,7 +316,7 @@ fn at_1s_per_operation_signals_and_status_stay_prompt_while_a_record_is_written(
         return;
     };
     fs.set(&Rules::delay(Duration::from_secs(1)));
-    let pod = Pod::start("slow-record", fs, Setup::default());
+    let pod = FusePod::start("slow-record", fs, Setup::default());
     pod.records_enabled();
     let t0 = now_unix();
     let _first = pod.run("first", &["apply", "-auto-approve"], "sleep 60");
@@ -358,7 +358,7 @@ fn at_1s_per_operation_signals_and_status_stay_prompt_while_the_heartbeat_is_wri
     };
     fs.set(&Rules::delay(Duration::from_secs(1)));
     // TTL 15 s: a heartbeat every 5 s.
-    let pod = Pod::start(
+    let pod = FusePod::start(
         "slow-heartbeat",
         fs,
         Setup {
@@ -388,7 +388,7 @@ fn at_1s_per_operation_the_graceful_sigterm_comes_on_time() {
         stop: 6.0,
         margin: 1.0,
     };
-    let pod = Pod::start(
+    let pod = FusePod::start(
         "slow-timeline",
         fs,
         Setup {
@@ -430,7 +430,7 @@ fn hung_from_the_start_nothing_waits_but_a_locking_run_for_its_timeout() {
         return;
     };
     fs.hang();
-    let mut pod = Pod::start(
+    let mut pod = FusePod::start(
         "hung-start",
         fs,
         Setup {
@@ -505,7 +505,7 @@ fn hung_mid_apply_the_init_exits_within_a_second_of_the_last_process() {
     let Some(fs) = volume("hung-mid") else {
         return;
     };
-    let mut pod = Pod::start("hung-mid", fs, Setup::default());
+    let mut pod = FusePod::start("hung-mid", fs, Setup::default());
     pod.records_enabled();
     let run = pod.run("apply", &["apply", "-auto-approve"], "sleep 3");
     pod.wait_started("apply", Duration::from_secs(20));
@@ -533,7 +533,7 @@ fn a_held_request_does_not_keep_the_init_from_exiting() {
     let Some(fs) = volume("held") else {
         return;
     };
-    let mut pod = Pod::start("held", fs, Setup::default());
+    let mut pod = FusePod::start("held", fs, Setup::default());
     pod.records_enabled();
     let _run = pod.run("apply", &["apply", "-auto-approve"], "sleep 2");
     pod.wait_started("apply", Duration::from_secs(20));
@@ -568,7 +568,7 @@ fn heartbeat_failing(name: &str, broken: Rules) {
         return;
     };
     // TTL 3 s: a heartbeat every second, stale after 1.5 s.
-    let pod = Pod::start(
+    let pod = FusePod::start(
         name,
         fs,
         Setup {
@@ -652,7 +652,7 @@ fn a_heartbeat_that_does_not_land_stops_the_recorded_runs_before_another_pod_may
     let Some(fs) = volume("fence") else {
         return;
     };
-    let pod = Pod::start(
+    let pod = FusePod::start(
         "fence",
         fs,
         Setup {
@@ -709,7 +709,7 @@ fn a_pod_killed_100ms_after_creating_leaves_a_record_that_names_the_resource() {
     let Some(fs) = volume("pod-killed") else {
         return;
     };
-    let mut pod = Pod::start("pod-killed", fs, Setup::default());
+    let mut pod = FusePod::start("pod-killed", fs, Setup::default());
     pod.records_enabled();
     let _run = pod.run(
         "apply",
@@ -741,7 +741,7 @@ fn a_record_that_lands_after_its_run_ended_is_removed() {
     let Some(fs) = volume("late-record") else {
         return;
     };
-    let pod = Pod::start(
+    let pod = FusePod::start(
         "late-record",
         fs,
         Setup {
@@ -798,7 +798,7 @@ fn a_recovery_starts_only_after_the_end_marking_in_its_directory_is_durable() {
     let Some(fs) = volume("recover-order") else {
         return;
     };
-    let pod = Pod::start("recover-order", fs, Setup::default());
+    let pod = FusePod::start("recover-order", fs, Setup::default());
     pod.records_enabled();
     let delay = 1.0;
     pod.fs.set(&Rules::delay(Duration::from_secs_f64(delay)));

@@ -10,8 +10,8 @@
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
-use tfinit::config::valid_owner;
-use tfinit::locks::record::{parse_record, valid_workspace, FORMAT};
+use tfinit::locks::names::{valid_owner, valid_workspace};
+use tfinit::locks::record::{parse_record, FORMAT};
 
 /// A name from `chars`, 1 to `max` long, not starting with `.` or `-`.
 fn name(u: &mut Unstructured<'_>, chars: &[u8], max: usize) -> Result<String> {

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::{read_frame, write_frame};
 use crate::config;
-use crate::init::setup::socket_path;
+use crate::config::socket_path;
+use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::store::FileStore;
 use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
@@ -86,7 +87,7 @@ pub fn resume() -> i32 {
 
 /// `tfinit drain [--wait] [--timeout D]`.
 pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
-    let timeout = match timeout.map(config::parse_duration) {
+    let timeout = match timeout.map(crate::duration::parse_duration) {
         None => None,
         Some(Ok(d)) => Some(d),
         Some(Err(e)) => {
@@ -123,7 +124,7 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
             let runs = last.map(|s| s.runs).unwrap_or_default();
             eprintln!(
                 "tfinit: drain timed out after {}; {} run(s) still going:",
-                config::fmt_duration(timeout.unwrap_or_default()),
+                crate::duration::fmt_duration(timeout.unwrap_or_default()),
                 runs.len()
             );
             for r in runs {
@@ -152,25 +153,8 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
 
 /// `tfinit recover [--dry-run]`: releases stale locks of dead owners for every record.
 pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) -> i32 {
-    let args = crate::cli::InitArgs {
-        state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
-        owner: std::env::var("TFINIT_OWNER").ok(),
-        owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
-        ..Default::default()
-    };
-    let cfg = match config::InitConfig::from_args(&args, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("tfinit: {e}");
-            return 2;
-        }
-    };
-    let terraform = match crate::terraform::find_real(
-        "terraform",
-        terraform_override.map(|p| p.as_os_str()),
-        std::env::var_os("PATH").as_deref(),
-    ) {
-        Ok(p) => p,
+    let (cfg, terraform) = match recover_settings(terraform_override) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("tfinit: {e}");
             return 2;
@@ -207,81 +191,106 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
     if results.is_empty() {
         println!("no lock-owner records in {}", cfg.state_dir.display());
     }
-    let mut failed = false;
     for (path, rec, outcome) in &results {
-        let what = match outcome {
-            Outcome::OwnerAlive => "run may still be going (owner alive): left alone".to_string(),
-            Outcome::NothingToRelease(b) => format!(
-                "{b} backend: its lock ends with its process; {}",
-                removed(dry_run)
-            ),
-            Outcome::Unsupported(b) => format!(
-                "{b} backend: automatic recovery not supported, release by hand if terraform reports the lock held by {}; {}",
-                rec.who,
-                if dry_run { "record would be set aside" } else { "record set aside (*.manual)" }
-            ),
-            Outcome::Free => format!("lock free; {}", removed(dry_run)),
-            Outcome::Unlocked(i) => format!(
-                "{} lock {} (Who {}, Created {}); {}",
-                if dry_run {
-                    "would force-unlock"
-                } else {
-                    "force-unlocked"
-                },
-                i.id,
-                i.who,
-                i.created,
-                removed(dry_run)
-            ),
-            Outcome::HeldByOther(i, why) => format!(
-                "lock {} held by {} is not the dead run's ({why}): left alone; {}",
-                i.id,
-                i.who,
-                removed(dry_run)
-            ),
-            Outcome::Ambiguous(i, why) => format!(
-                "lock {} held by {} may not be the dead run's ({why}): left alone; record kept",
-                i.id, i.who
-            ),
-            Outcome::Unknown(m) => {
-                failed = true;
-                format!("could not read the lock: {m}; record kept")
-            }
-            Outcome::UnlockFailed(m) => {
-                failed = true;
-                format!("force-unlock failed: {m}; record kept")
-            }
-            Outcome::NeedsPerson(i, command) => {
-                failed = true;
-                format!(
-                    "NEEDS A PERSON: lock {} (Who {}, Operation {}) is the dead run's, but workspace {} has no state, so terraform cannot release it. Run: {command} ; then `tfinit recover` again. Restore the state or import the workspace's resources before the next apply creates them again; record kept",
-                    i.id, i.who, i.operation, rec.workspace
-                )
-            }
-            // Only the init's automatic recovery skips a reported record.
-            Outcome::WaitingForPerson => {
-                failed = true;
-                "needs a person (reported before); record kept".to_string()
-            }
-        };
-        let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
-            String::new()
-        } else {
-            format!(" [orphan candidates: {}]", rec.in_progress.join(", "))
-        };
-        println!(
-            "{}: {} `terraform {}` in {} (Who {}): {what}{orphans}",
-            path.display(),
-            rec.owner.name,
-            rec.argv.join(" "),
-            rec.workdir,
-            rec.who
-        );
+        println!("{}", report_line(path, rec, outcome, dry_run));
     }
-    if failed {
-        1
+    i32::from(results.iter().any(|(_, _, o)| needs_attention(o)))
+}
+
+/// What `tfinit recover` works with: the records' settings from the environment (as the init
+/// has them) and the real terraform.
+fn recover_settings(
+    terraform_override: Option<&std::path::Path>,
+) -> Result<(config::InitConfig, std::path::PathBuf), String> {
+    let args = crate::cli::InitArgs {
+        state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
+        owner: std::env::var("TFINIT_OWNER").ok(),
+        owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
+        ..Default::default()
+    };
+    let cfg = config::InitConfig::from_args(&args, None).map_err(|e| e.to_string())?;
+    let terraform = crate::terraform::find_real(
+        "terraform",
+        terraform_override.map(|p| p.as_os_str()),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((cfg, terraform))
+}
+
+/// Whether `tfinit recover` exits 1 for this outcome: a person must look.
+fn needs_attention(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Unknown(_)
+            | Outcome::UnlockFailed(_)
+            | Outcome::NeedsPerson(..)
+            | Outcome::WaitingForPerson
+    )
+}
+
+/// One record's line in `tfinit recover`'s output.
+fn report_line(path: &std::path::Path, rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
+    let what = outcome_text(rec, outcome, dry_run);
+    let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
+        String::new()
     } else {
-        0
+        format!(" [orphan candidates: {}]", rec.in_progress.join(", "))
+    };
+    format!(
+        "{}: {} `terraform {}` in {} (Who {}): {what}{orphans}",
+        path.display(),
+        rec.owner.name,
+        rec.argv.join(" "),
+        rec.workdir,
+        rec.who
+    )
+}
+
+/// What was done with the record (or would be, in a dry run), and why.
+fn outcome_text(rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
+    match outcome {
+        Outcome::OwnerAlive => "run may still be going (owner alive): left alone".to_string(),
+        Outcome::NothingToRelease(b) => format!(
+            "{b} backend: its lock ends with its process; {}",
+            removed(dry_run)
+        ),
+        Outcome::Unsupported(b) => format!(
+            "{b} backend: automatic recovery not supported, release by hand if terraform reports the lock held by {}; {}",
+            rec.who,
+            if dry_run { "record would be set aside" } else { "record set aside (*.manual)" }
+        ),
+        Outcome::Free => format!("lock free; {}", removed(dry_run)),
+        Outcome::Unlocked(i) => format!(
+            "{} lock {} (Who {}, Created {}); {}",
+            if dry_run {
+                "would force-unlock"
+            } else {
+                "force-unlocked"
+            },
+            i.id,
+            i.who,
+            i.created,
+            removed(dry_run)
+        ),
+        Outcome::HeldByOther(i, why) => format!(
+            "lock {} held by {} is not the dead run's ({why}): left alone; {}",
+            i.id,
+            i.who,
+            removed(dry_run)
+        ),
+        Outcome::Ambiguous(i, why) => format!(
+            "lock {} held by {} may not be the dead run's ({why}): left alone; record kept",
+            i.id, i.who
+        ),
+        Outcome::Unknown(m) => format!("could not read the lock: {m}; record kept"),
+        Outcome::UnlockFailed(m) => format!("force-unlock failed: {m}; record kept"),
+        Outcome::NeedsPerson(i, command) => format!(
+            "NEEDS A PERSON: lock {} (Who {}, Operation {}) is the dead run's, but workspace {} has no state, so terraform cannot release it. Run: {command} ; then `tfinit recover` again. Restore the state or import the workspace's resources before the next apply creates them again; record kept",
+            i.id, i.who, i.operation, rec.workspace
+        ),
+        // Only the init's automatic recovery skips a reported record.
+        Outcome::WaitingForPerson => "needs a person (reported before); record kept".to_string(),
     }
 }
 

@@ -17,7 +17,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::{read_frame, write_frame};
 use crate::config;
-use crate::init::setup::socket_path;
+use crate::config::socket_path;
 use crate::protocol::{self, Envelope, ExitNote, Kind, Request, RunRequest, SignalNote};
 use crate::terraform;
 
@@ -98,7 +98,7 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
     // Read here, in the shim's own process: the init's loop never reads in a working directory
     // (a hung volume there would stall it).
     let workdir = terraform::Invocation::parse(&args, &env).workdir(&cwd);
-    let workspace = crate::locks::stored_workspace(&env, &workdir);
+    let workspace = crate::locks::workspace::stored_workspace(&env, &workdir);
     Ok(RunRequest {
         program: utf8("path", program.as_os_str())?,
         argv0: utf8("argv[0]", argv0)?,
@@ -111,14 +111,42 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
 
 /// Sends the request, then relays frames until the exit note arrives.
 fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
-    // Every catchable signal is read here rather than acted on: the shim sits in the controller's
-    // process group, so signals meant for the controller (a SIGHUP forwarded by the init, say)
-    // reach it too, and dying of one would abandon terraform. Only SIGTERM and SIGINT mean
-    // "stop terraform"; the rest are ignored. SIGKILL still ends the shim, never terraform.
+    let sigfd = read_signals()?;
+    if let Some(code) = send_request(&mut sock, request)? {
+        return Ok(code);
+    }
+    let mut payload = Vec::with_capacity(protocol::MAX_DATA);
+    loop {
+        let Some((frames, signals)) = wait_readable(&sock, &sigfd)? else {
+            continue;
+        };
+        if signals {
+            pass_stop_signals(&sigfd, &mut sock)?;
+        }
+        if frames {
+            if let Some(code) = relay_frame(&mut sock, &mut payload)? {
+                return Ok(code);
+            }
+        }
+    }
+}
+
+/// Every catchable signal is read here rather than acted on: the shim sits in the controller's
+/// process group, so signals meant for the controller (a SIGHUP forwarded by the init, say)
+/// reach it too, and dying of one would abandon terraform. Only SIGTERM and SIGINT mean "stop
+/// terraform"; the rest are ignored. SIGKILL still ends the shim, never terraform.
+fn read_signals() -> io::Result<SignalFd> {
     let mask = crate::signals::init_mask();
     mask.thread_block().map_err(io::Error::from)?;
-    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+    Ok(SignalFd::with_flags(
+        &mask,
+        SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC,
+    )?)
+}
 
+/// Sends the request with our stdin. Returns the exit code when the init answered before it
+/// read the request (it refuses a client of another uid at once).
+fn send_request(sock: &mut UnixStream, request: &RunRequest) -> io::Result<Option<i32>> {
     let body = serde_json::to_vec(&Envelope {
         v: protocol::VERSION,
         request: Request::Run(request.clone()),
@@ -126,87 +154,87 @@ fn relay(mut sock: UnixStream, request: &RunRequest) -> io::Result<i32> {
     .map_err(io::Error::other)?;
     let mut frame = Vec::new();
     protocol::encode(Kind::Request, &body, &mut frame);
-    if let Err(e) = send_with_stdin(&sock, &frame) {
-        // The init may have answered and closed before reading the request (it refuses a client
-        // of another uid at once): its answer is still in our receive queue.
-        let mut payload = Vec::new();
-        if let Ok(Some(Kind::Exit)) = read_frame(&mut sock, &mut payload) {
-            if let Ok(note) = serde_json::from_slice::<ExitNote>(&payload) {
-                if let Some(why) = &note.error {
-                    eprintln!("{why}");
-                }
-                return Ok(note.code);
+    let Err(e) = send_with_stdin(sock, &frame) else {
+        return Ok(None);
+    };
+    // The init may have answered and closed before reading the request: its answer is still in
+    // our receive queue.
+    let mut payload = Vec::new();
+    if let Ok(Some(Kind::Exit)) = read_frame(sock, &mut payload) {
+        if let Ok(note) = serde_json::from_slice::<ExitNote>(&payload) {
+            if let Some(why) = &note.error {
+                eprintln!("{why}");
             }
+            return Ok(Some(note.code));
         }
-        return Err(e);
     }
+    Err(e)
+}
 
-    let stdout = io::stdout();
-    let stderr = io::stderr();
-    let mut payload = Vec::with_capacity(protocol::MAX_DATA);
-    loop {
-        let ready = {
-            let mut fds = [
-                PollFd::new(sock.as_fd(), PollFlags::POLLIN),
-                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_) => (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false)),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        };
-        if ready.1 {
-            while let Ok(Some(info)) = sigfd.read_signal() {
-                let signo = info.ssi_signo as i32;
-                if signo != libc::SIGTERM && signo != libc::SIGINT {
-                    tracing::debug!(signal = %crate::signals::name(signo), "ignored: only SIGTERM and SIGINT stop terraform");
-                    continue;
-                }
-                let note = SignalNote { signal: signo };
-                let body = serde_json::to_vec(&note).map_err(io::Error::other)?;
-                write_frame(&mut sock, Kind::Signal, &body)?;
-            }
-        }
-        if !ready.0 {
+/// Waits until the socket or the signalfd is readable: whether each is; None when interrupted.
+fn wait_readable(sock: &UnixStream, sigfd: &SignalFd) -> io::Result<Option<(bool, bool)>> {
+    let mut fds = [
+        PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+        PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+    ];
+    match poll(&mut fds, PollTimeout::NONE) {
+        Ok(_) => Ok(Some((
+            fds[0].any().unwrap_or(false),
+            fds[1].any().unwrap_or(false),
+        ))),
+        Err(nix::errno::Errno::EINTR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Passes SIGTERM and SIGINT on to the init as a stop request; ignores the others.
+fn pass_stop_signals(sigfd: &SignalFd, sock: &mut UnixStream) -> io::Result<()> {
+    while let Ok(Some(info)) = sigfd.read_signal() {
+        let signo = info.ssi_signo as i32;
+        if signo != libc::SIGTERM && signo != libc::SIGINT {
+            tracing::debug!(signal = %crate::signals::name(signo), "ignored: only SIGTERM and SIGINT stop terraform");
             continue;
         }
-        let Some(kind) = read_frame(&mut sock, &mut payload)? else {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the init closed the connection before terraform's exit code arrived",
-            ));
-        };
-        match kind {
-            Kind::Stdout | Kind::Stderr => {
-                let written = match kind {
-                    Kind::Stdout => write_out(&mut stdout.lock(), &payload),
-                    _ => write_out(&mut stderr.lock(), &payload),
-                };
-                if let Err(e) = written {
-                    if e.kind() == io::ErrorKind::BrokenPipe {
-                        // Our caller stopped reading: exit as a direct terraform would (128 +
-                        // SIGPIPE). Closing the socket abandons the run, which the init stops.
-                        let _ = writeln!(stderr.lock(), "tfinit: the caller closed terraform's output; terraform is left to the init, which stops it");
-                        return Ok(128 + libc::SIGPIPE);
-                    }
-                    return Err(e);
-                }
+        let body = serde_json::to_vec(&SignalNote { signal: signo }).map_err(io::Error::other)?;
+        write_frame(sock, Kind::Signal, &body)?;
+    }
+    Ok(())
+}
+
+/// Relays one frame from the init: terraform's output to ours, or its exit code (returned).
+fn relay_frame(sock: &mut UnixStream, payload: &mut Vec<u8>) -> io::Result<Option<i32>> {
+    let Some(kind) = read_frame(sock, payload)? else {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the init closed the connection before terraform's exit code arrived",
+        ));
+    };
+    let written = match kind {
+        Kind::Stdout => write_out(&mut io::stdout().lock(), payload),
+        Kind::Stderr => write_out(&mut io::stderr().lock(), payload),
+        Kind::Exit => {
+            let note: ExitNote = serde_json::from_slice(payload).map_err(io::Error::other)?;
+            if let Some(e) = &note.error {
+                let _ = writeln!(io::stderr().lock(), "{e}");
             }
-            Kind::Exit => {
-                let note: ExitNote = serde_json::from_slice(&payload).map_err(io::Error::other)?;
-                if let Some(e) = &note.error {
-                    let _ = writeln!(stderr.lock(), "{e}");
-                }
-                return Ok(note.code);
-            }
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("unexpected {other:?} frame from the init"),
-                ));
-            }
+            return Ok(Some(note.code));
         }
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unexpected {other:?} frame from the init"),
+            ));
+        }
+    };
+    match written {
+        Ok(()) => Ok(None),
+        // Our caller stopped reading: exit as a direct terraform would (128 + SIGPIPE). Closing
+        // the socket abandons the run, which the init stops.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+            let _ = writeln!(io::stderr().lock(), "tfinit: the caller closed terraform's output; terraform is left to the init, which stops it");
+            Ok(Some(128 + libc::SIGPIPE))
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -1,20 +1,21 @@
 //! The PID-1 event loop: one thread, one epoll set (signalfd, control socket, connections, run
-//! output pipes), timers as the epoll timeout. It only waits and dispatches; each concern's
-//! handlers live in their own file (see state.rs). Nothing here panics or exits on a runtime
-//! error: failures are logged and the loop carries on, because if PID 1 dies the container dies.
+//! output pipes, the recorder's eventfd), timers as the epoll timeout. It only waits and
+//! dispatches each event to its handler (supervisor.rs), which hands it to the concern it
+//! concerns and carries out what comes back. Nothing here panics or exits on a runtime error:
+//! failures are logged and the loop carries on, because if PID 1 dies the container dies.
 
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
-use super::state::Init;
+use super::supervisor::Init;
 use super::token::{self, Source};
 
 impl Init {
     /// Runs until the controller and every run are gone, then exits the process with the
     /// controller's code.
-    pub fn run(mut self) -> ! {
+    pub(super) fn run(mut self) -> ! {
         let mut events = vec![EpollEvent::empty(); 256];
         // A SIGCHLD may have come before the signalfd was registered: reap once up front.
         self.reap();
@@ -23,7 +24,7 @@ impl Init {
                 self.exit(code);
             }
             let timeout = self.timeout();
-            let n = match self.epoll.wait(&mut events, timeout) {
+            let n = match self.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {

@@ -1,25 +1,31 @@
 //! The init: set-up, the controller, and the event loop that supervises it and terraform runs.
 
-pub mod conn;
-pub mod event_loop;
-pub mod finish;
-pub mod forward;
-pub mod launch;
-pub mod plain;
-pub mod reaper;
-pub mod reaping;
-pub mod records;
-pub mod relay;
-pub mod runs;
-pub mod server;
-pub mod setup;
-pub mod shim_events;
-pub mod shutdown;
-pub mod spawn;
-pub mod state;
-pub mod stop;
-pub mod timers;
-pub mod token;
+//!
+//! Where the code is: event_loop.rs waits and dispatches; supervisor.rs holds the concerns and
+//! carries out the actions they return (action.rs). The concerns, each owning its state: runs/
+//! (terraform runs), conns.rs and session.rs (the control socket's clients), records.rs (lock-owner
+//! records), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
+//! (before the loop), spawn.rs (starting processes), reaper.rs (waitpid), forward.rs (where
+//! signals go), status.rs (the status document), token.rs (epoll tokens), plain.rs (the fallback).
+
+mod action;
+mod conns;
+mod event_loop;
+mod forward;
+mod plain;
+mod reaper;
+mod reaping;
+mod records;
+mod runs;
+mod session;
+mod setup;
+mod shutdown;
+mod spawn;
+mod status;
+mod supervisor;
+mod token;
+
+pub use setup::signals;
 
 use std::ffi::OsString;
 
@@ -53,10 +59,10 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
     // Lock-owner records: the recorder thread opens the state directory beside the loop (a
     // network volume may take seconds, or hang), so the loop runs at once; state-locking runs
     // wait in `recording` for the store, at most TFINIT_RECORD_TIMEOUT.
-    let (recorder, book) = records::start(&cfg);
+    let records = records::Records::start(&cfg);
     // The loop: never exits on a runtime error.
     let (forward, rewrite) = (cfg.forward, cfg.rewrite.clone());
-    match state::Init::new(cfg, mode, signals, listener, recorder, book, main_pid) {
+    match supervisor::Init::new(cfg, mode, signals, listener, records, main_pid) {
         Ok(init) => init.run(),
         Err(e) => {
             // Without epoll we cannot supervise runs; keep forwarding and reaping the plain way

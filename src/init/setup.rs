@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{getpid, getuid};
 
+use crate::config::socket_path;
 use crate::signals;
 use crate::sys;
 
@@ -59,14 +60,9 @@ pub fn reaping_mode() -> Mode {
 #[error("cannot set up the control socket in TFINIT_RUN_DIR={dir:?}: {problem}")]
 pub struct SocketError {
     /// The directory.
-    pub dir: PathBuf,
+    dir: PathBuf,
     /// What went wrong and what to do.
-    pub problem: String,
-}
-
-/// The socket's path inside a run directory.
-pub fn socket_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("tfinit.sock")
+    problem: String,
 }
 
 /// Creates the run directory (0700, ours) and binds the control socket (0600), non-blocking.

@@ -9,9 +9,11 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-/// The init's phase, as `tfinit status` shows it.
+use super::action::Refusal;
+
+/// The init's phase, as `tfinit status` and the logs name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(super) enum Phase {
     /// Normal operation.
     Running,
     /// New runs are refused (`tfinit drain`); the controller keeps running.
@@ -21,8 +23,17 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Why new runs are refused in this phase; None while they are accepted.
+    pub(super) fn refusal(self) -> Option<Refusal> {
+        match self {
+            Phase::Running => None,
+            Phase::Draining => Some(Refusal::Draining),
+            Phase::Stopping => Some(Refusal::ShuttingDown),
+        }
+    }
+
     /// The name shown in status and logs.
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Phase::Running => "running",
             Phase::Draining => "draining",
@@ -33,7 +44,7 @@ impl Phase {
 
 /// The steps of the timeline once stopping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Step {
+pub(super) enum Step {
     /// Waiting for runs to finish on their own.
     Wait,
     /// Runs were asked to stop gracefully.
@@ -42,30 +53,68 @@ pub enum Step {
     Kill,
 }
 
+impl Step {
+    /// The name in logs.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Step::Wait => "wait",
+            Step::Graceful => "graceful",
+            Step::Kill => "kill",
+        }
+    }
+}
+
 /// Why the timeline started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(super) enum Cause {
     /// A stop signal reached the init.
     Signal,
     /// The controller exited on its own.
     MainExited,
 }
 
+impl Cause {
+    /// The name in logs.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Cause::Signal => "stop signal",
+            Cause::MainExited => "controller exited",
+        }
+    }
+}
+
+/// What exists only once stopping: the deadline, the step reached, the stop signals counted.
+#[derive(Debug, Clone, Copy)]
+struct Stopping {
+    /// first stop request (or the controller's exit) + the grace period.
+    deadline: Instant,
+    /// The same deadline on the wall clock, for `tfinit status`.
+    wall: SystemTime,
+    step: Step,
+    /// Stop signals received since (none when the controller's exit began it).
+    signals: u32,
+}
+
+/// Where the init is.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Running,
+    Draining,
+    Stopping(Stopping),
+}
+
 /// The timeline state.
 #[derive(Debug)]
-pub struct Timeline {
+pub(super) struct Timeline {
     grace: Duration,
     stop_timeout: Duration,
     kill_margin: Duration,
-    phase: Phase,
-    step: Step,
-    deadline: Option<(Instant, SystemTime)>,
-    stop_requests: u32,
+    state: State,
 }
 
 /// What the event loop must do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
+pub(super) enum Transition {
     /// Stopping began.
     Began(Cause),
     /// Send every run its graceful SIGTERM.
@@ -76,80 +125,130 @@ pub enum Transition {
 
 impl Timeline {
     /// A timeline for the given budget (validated by config: stop + margin < grace).
-    pub fn new(grace: Duration, stop_timeout: Duration, kill_margin: Duration) -> Self {
+    pub(super) fn new(grace: Duration, stop_timeout: Duration, kill_margin: Duration) -> Self {
         Timeline {
             grace,
             stop_timeout,
             kill_margin,
-            phase: Phase::Running,
-            step: Step::Wait,
-            deadline: None,
-            stop_requests: 0,
+            state: State::Running,
         }
     }
 
     /// The current phase.
-    pub fn phase(&self) -> Phase {
-        self.phase
+    pub(super) fn phase(&self) -> Phase {
+        match self.state {
+            State::Running => Phase::Running,
+            State::Draining => Phase::Draining,
+            State::Stopping(_) => Phase::Stopping,
+        }
     }
 
-    /// The step reached while stopping.
-    pub fn step(&self) -> Step {
-        self.step
+    /// Why new runs are refused now; None while they are accepted.
+    pub(super) fn refusal(&self) -> Option<Refusal> {
+        self.phase().refusal()
     }
 
-    /// Whether new runs may start.
-    pub fn accepts_runs(&self) -> bool {
-        self.phase == Phase::Running
-    }
-
-    /// The deadline, once stopping.
-    pub fn deadline(&self) -> Option<(Instant, SystemTime)> {
-        self.deadline
+    /// The deadline (and the same on the wall clock), once stopping.
+    pub(super) fn deadline(&self) -> Option<(Instant, SystemTime)> {
+        match self.state {
+            State::Stopping(s) => Some((s.deadline, s.wall)),
+            State::Running | State::Draining => None,
+        }
     }
 
     /// Enters draining (from running). Returns whether the phase changed.
-    pub fn drain(&mut self) -> bool {
-        if self.phase == Phase::Running {
-            self.phase = Phase::Draining;
-            return true;
+    pub(super) fn drain(&mut self) -> bool {
+        let running = matches!(self.state, State::Running);
+        if running {
+            self.state = State::Draining;
         }
-        false
+        running
     }
 
     /// Leaves draining. Returns whether the phase changed.
-    pub fn resume(&mut self) -> bool {
-        if self.phase == Phase::Draining {
-            self.phase = Phase::Running;
-            return true;
+    pub(super) fn resume(&mut self) -> bool {
+        let draining = matches!(self.state, State::Draining);
+        if draining {
+            self.state = State::Running;
         }
-        false
+        draining
     }
 
     fn begin(&mut self, now: Instant, cause: Cause) -> Transition {
-        self.phase = Phase::Stopping;
-        self.deadline = Some((now + self.grace, SystemTime::now() + self.grace));
+        self.state = State::Stopping(Stopping {
+            deadline: now + self.grace,
+            wall: SystemTime::now() + self.grace,
+            step: Step::Wait,
+            signals: u32::from(cause == Cause::Signal),
+        });
         Transition::Began(cause)
     }
 
     /// A stop signal (SIGTERM/SIGINT) reached the init: the first begins the timeline, the second
-    /// jumps to the graceful step, the third to the kill step.
-    pub fn on_stop_signal(&mut self, now: Instant) -> Option<Transition> {
-        self.stop_requests += 1;
-        match self.stop_requests {
-            1 if self.phase != Phase::Stopping => Some(self.begin(now, Cause::Signal)),
-            // The controller exited first and the timeline runs: this signal counts as the first.
+    /// jumps to the graceful step, the third to the kill step. When the controller's exit began
+    /// the timeline, the first signal only counts.
+    pub(super) fn on_stop_signal(&mut self, now: Instant) -> Option<Transition> {
+        let State::Stopping(s) = &mut self.state else {
+            return Some(self.begin(now, Cause::Signal));
+        };
+        s.signals += 1;
+        match s.signals {
             1 => None,
-            2 => self.advance_to(Step::Graceful),
-            _ => self.advance_to(Step::Kill),
+            2 => s.advance_to(Step::Graceful),
+            _ => s.advance_to(Step::Kill),
         }
     }
 
     /// The controller exited: the timeline starts now unless it already runs.
-    pub fn on_main_exit(&mut self, now: Instant) -> Option<Transition> {
-        (self.phase != Phase::Stopping).then(|| self.begin(now, Cause::MainExited))
+    pub(super) fn on_main_exit(&mut self, now: Instant) -> Option<Transition> {
+        (self.phase() != Phase::Stopping).then(|| self.begin(now, Cause::MainExited))
     }
 
+    /// The step due at `now`, if its time has come (the kill step may skip the graceful one when
+    /// both are due, but the graceful step is never skipped while its time is ahead of the kill).
+    pub(super) fn due(&mut self, now: Instant) -> Option<Transition> {
+        let (stop_timeout, kill_margin) = (self.stop_timeout, self.kill_margin);
+        let State::Stopping(s) = &mut self.state else {
+            return None;
+        };
+        if s.step < Step::Graceful && now >= s.deadline.checked_sub(stop_timeout)? {
+            return s.advance_to(Step::Graceful);
+        }
+        if s.step < Step::Kill && now >= s.deadline.checked_sub(kill_margin)? {
+            return s.advance_to(Step::Kill);
+        }
+        None
+    }
+
+    /// When `due` next has something to do.
+    pub(super) fn next_wakeup(&self) -> Option<Instant> {
+        let State::Stopping(s) = &self.state else {
+            return None;
+        };
+        match s.step {
+            Step::Wait => s.deadline.checked_sub(self.stop_timeout),
+            Step::Graceful => s.deadline.checked_sub(self.kill_margin),
+            Step::Kill => None,
+        }
+    }
+
+    /// Seconds until the deadline (negative once past).
+    pub(super) fn seconds_left(&self, now: Instant) -> Option<f64> {
+        let (deadline, _) = self.deadline()?;
+        Some(if deadline >= now {
+            (deadline - now).as_secs_f64()
+        } else {
+            -(now - deadline).as_secs_f64()
+        })
+    }
+
+    /// The phase and the seconds left to the deadline (once stopping), for logs.
+    pub(super) fn when(&self, now: Instant) -> (&'static str, Option<f64>) {
+        (self.phase().as_str(), self.seconds_left(now))
+    }
+}
+
+impl Stopping {
     fn advance_to(&mut self, step: Step) -> Option<Transition> {
         if self.step >= step {
             return None;
@@ -158,39 +257,6 @@ impl Timeline {
         Some(match step {
             Step::Graceful => Transition::Graceful,
             _ => Transition::Kill,
-        })
-    }
-
-    /// The step due at `now`, if its time has come (the kill step may skip the graceful one when
-    /// both are due, but the graceful step is never skipped while its time is ahead of the kill).
-    pub fn due(&mut self, now: Instant) -> Option<Transition> {
-        let (deadline, _) = self.deadline?;
-        if self.step < Step::Graceful && now >= deadline.checked_sub(self.stop_timeout)? {
-            return self.advance_to(Step::Graceful);
-        }
-        if self.step < Step::Kill && now >= deadline.checked_sub(self.kill_margin)? {
-            return self.advance_to(Step::Kill);
-        }
-        None
-    }
-
-    /// When `due` next has something to do.
-    pub fn next_wakeup(&self) -> Option<Instant> {
-        let (deadline, _) = self.deadline?;
-        match self.step {
-            Step::Wait => deadline.checked_sub(self.stop_timeout),
-            Step::Graceful => deadline.checked_sub(self.kill_margin),
-            Step::Kill => None,
-        }
-    }
-
-    /// Seconds until the deadline (negative once past).
-    pub fn seconds_left(&self, now: Instant) -> Option<f64> {
-        let (deadline, _) = self.deadline?;
-        Some(if deadline >= now {
-            (deadline - now).as_secs_f64()
-        } else {
-            -(now - deadline).as_secs_f64()
         })
     }
 }
@@ -215,7 +281,7 @@ mod tests {
             tl.on_stop_signal(t0),
             Some(Transition::Began(Cause::Signal))
         );
-        assert!(!tl.accepts_runs());
+        assert_eq!(tl.refusal(), Some(Refusal::ShuttingDown));
         assert_eq!(tl.due(t0 + Duration::from_secs(19)), None);
         assert_eq!(tl.next_wakeup(), Some(t0 + Duration::from_secs(20)));
         assert_eq!(
@@ -265,11 +331,29 @@ mod tests {
     fn drain_and_resume() {
         let mut tl = t();
         assert!(tl.drain());
-        assert!(!tl.accepts_runs());
+        assert_eq!(tl.refusal(), Some(Refusal::Draining));
+        assert!(!tl.drain(), "draining once");
         assert!(tl.resume());
-        assert!(tl.accepts_runs());
+        assert_eq!(tl.refusal(), None);
+        assert!(!tl.resume(), "nothing to resume while running");
         tl.on_stop_signal(Instant::now());
         assert!(!tl.resume(), "stopping cannot be resumed");
         assert_eq!(tl.phase(), Phase::Stopping);
+        assert!(!tl.drain(), "stopping cannot be drained");
+    }
+
+    #[test]
+    fn the_deadline_exists_only_once_stopping() {
+        let mut tl = t();
+        let t0 = Instant::now();
+        assert_eq!(tl.deadline(), None);
+        assert_eq!(tl.next_wakeup(), None);
+        assert_eq!(tl.seconds_left(t0), None);
+        tl.on_stop_signal(t0);
+        assert_eq!(
+            tl.deadline().map(|(d, _)| d),
+            Some(t0 + Duration::from_secs(30))
+        );
+        assert_eq!(tl.seconds_left(t0 + Duration::from_secs(31)), Some(-1.0));
     }
 }

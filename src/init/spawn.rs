@@ -7,12 +7,13 @@ use std::ffi::OsString;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use nix::unistd::Pid;
 
 use crate::locks::book::LiveRun;
+use crate::locks::liveness::Seen;
 use crate::locks::record::Owner;
 use crate::protocol::RunRequest;
 use crate::sys;
@@ -20,18 +21,18 @@ use crate::sys;
 /// Why COMMAND could not be started; maps to the shell's exit codes.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot run {command:?}: {source}{hint}")]
-pub struct SpawnError {
+pub(super) struct SpawnError {
     /// The program.
-    pub command: String,
+    command: String,
     /// The OS error.
-    pub source: io::Error,
+    source: io::Error,
     /// What to do.
-    pub hint: &'static str,
+    hint: &'static str,
 }
 
 impl SpawnError {
     /// 127 when the program does not exist, 126 when it exists but cannot be executed.
-    pub fn exit_code(&self) -> i32 {
+    pub(super) fn exit_code(&self) -> i32 {
         match self.source.kind() {
             io::ErrorKind::NotFound => 127,
             _ => 126,
@@ -41,7 +42,7 @@ impl SpawnError {
 
 /// Starts the controller in its own process group, with stdio inherited and the terminal's
 /// foreground when stdin is one. `env` adds variables its children (the shim) need.
-pub fn main_child(argv: &[OsString], env: &[(&str, OsString)]) -> Result<Pid, SpawnError> {
+pub(super) fn main_child(argv: &[OsString], env: &[(&str, OsString)]) -> Result<Pid, SpawnError> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
     for (k, v) in env {
@@ -72,18 +73,18 @@ pub fn main_child(argv: &[OsString], env: &[(&str, OsString)]) -> Result<Pid, Sp
 
 /// A terraform process just started.
 #[derive(Debug)]
-pub struct Started {
+pub(super) struct Started {
     /// terraform's pid (also its process group id).
-    pub pid: Pid,
+    pub(super) pid: Pid,
     /// Read end of its stdout.
-    pub stdout: OwnedFd,
+    pub(super) stdout: OwnedFd,
     /// Read end of its stderr.
-    pub stderr: OwnedFd,
+    pub(super) stderr: OwnedFd,
 }
 
 /// Why terraform was not started.
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+pub(super) enum StartError {
     /// Our read end of an output pipe could not be made non-blocking (a blocking pipe would hang
     /// the loop), so terraform was not started.
     #[error(
@@ -117,7 +118,7 @@ fn output_pipe() -> Result<(OwnedFd, OwnedFd), StartError> {
 /// argv[0], arguments, working directory and environment. `stdin` is the shim's stdin, passed
 /// over the socket; None means /dev/null. `lock` is the incarnation's lock file: terraform (and
 /// every process it starts) inherits it, so the kernel frees its flock only when they are all gone.
-pub fn terraform(
+pub(super) fn terraform(
     req: &RunRequest,
     stdin: Option<OwnedFd>,
     lock: Option<&OwnedFd>,
@@ -157,35 +158,37 @@ pub fn terraform(
 }
 
 /// What the recovery helper needs from the init besides the run's request.
-#[derive(Debug)]
-pub struct RecoveryArgs<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RecoveryArgs {
     /// TFINIT_STATE_DIR.
-    pub state_dir: &'a Path,
+    pub(super) state_dir: PathBuf,
+    /// The working directory whose records it recovers.
+    pub(super) workdir: PathBuf,
     /// This incarnation (its live records are never recovered).
-    pub owner: &'a Owner,
+    pub(super) owner: Owner,
     /// TFINIT_OWNER_TTL.
-    pub ttl: std::time::Duration,
+    pub(super) ttl: std::time::Duration,
     /// The init's live state-locking runs, recorded or not: a lock with one's Who is left alone.
-    pub live: Vec<LiveRun>,
+    pub(super) live: Vec<LiveRun>,
     /// What the init has seen of other incarnations' heartbeats (CLOCK_MONOTONIC times).
-    pub seen: Vec<crate::locks::liveness::Seen>,
+    pub(super) seen: Vec<Seen>,
 }
 
-/// Starts the lock-recovery helper for `workdir` (this binary, hidden subcommand), with the run's
-/// environment (backend credentials) and working directory, in its own process group.
-pub fn recovery(req: &RunRequest, args: &RecoveryArgs, workdir: &Path) -> io::Result<Pid> {
-    let owner_json = serde_json::to_string(args.owner).map_err(io::Error::other)?;
+/// Starts the lock-recovery helper (this binary, hidden subcommand) with the run's environment
+/// (backend credentials) and working directory, in its own process group.
+pub(super) fn recovery(req: &RunRequest, args: &RecoveryArgs) -> io::Result<Pid> {
+    let owner_json = serde_json::to_string(&args.owner).map_err(io::Error::other)?;
     let live_json = serde_json::to_string(&args.live).map_err(io::Error::other)?;
     let seen_json = serde_json::to_string(&args.seen).map_err(io::Error::other)?;
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("tfinit");
     cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
         .arg("--workdir")
-        .arg(workdir)
+        .arg(&args.workdir)
         .arg("--terraform")
         .arg(&req.program)
         .arg("--state-dir")
-        .arg(args.state_dir)
+        .arg(&args.state_dir)
         .arg("--owner-json")
         .arg(owner_json)
         .arg("--ttl-ms")
@@ -213,7 +216,7 @@ pub fn recovery(req: &RunRequest, args: &RecoveryArgs, workdir: &Path) -> io::Re
 }
 
 /// Gives `cmd` the shim's environment (`KEY=VALUE` strings; an entry without a key is skipped).
-pub fn set_env(cmd: &mut Command, env: &[String]) {
+pub(super) fn set_env(cmd: &mut Command, env: &[String]) {
     for kv in env {
         if let Some((k, v)) = kv.split_once('=') {
             if !k.is_empty() {

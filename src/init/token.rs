@@ -1,6 +1,46 @@
-//! What each epoll registration stands for: the 64-bit token carries a kind and an id.
+//! What each epoll registration stands for: the 64-bit token carries a kind and an id (a
+//! client connection's [`ConnId`], or a run's id and its output [`Stream`]).
 
-use super::runs::Stream;
+use crate::locks::names::RunId;
+
+/// A client connection's id (its epoll token says which connection an event is for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct ConnId(u64);
+
+impl ConnId {
+    /// Its number, in logs and epoll tokens.
+    pub(super) fn number(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for ConnId {
+    fn from(n: u64) -> ConnId {
+        ConnId(n)
+    }
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stream {
+    /// terraform's stdout.
+    Stdout,
+    /// terraform's stderr.
+    Stderr,
+}
+
+impl Stream {
+    /// Both, in the order they are drained.
+    pub(super) const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    /// Name for logs.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
 
 const SIGNALS: u64 = 0;
 const LISTENER: u64 = 1;
@@ -11,15 +51,15 @@ const KIND_RECORDER: u64 = 4;
 
 /// Where an epoll event comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(super) enum Source {
     /// The signalfd.
     Signals,
     /// The control socket's listener.
     Listener,
-    /// A client connection, by id.
-    Conn(u64),
-    /// A run's output pipe, by run id.
-    Output(u64, Stream),
+    /// A client connection.
+    Conn(ConnId),
+    /// A run's output pipe.
+    Output(RunId, Stream),
     /// The recorder's eventfd: storage work has completed.
     Recorder,
     /// Nothing we registered.
@@ -27,37 +67,37 @@ pub enum Source {
 }
 
 /// The token of the signalfd.
-pub const TOKEN_SIGNALS: u64 = SIGNALS;
+pub(super) const TOKEN_SIGNALS: u64 = SIGNALS;
 /// The token of the listener.
-pub const TOKEN_LISTENER: u64 = LISTENER;
+pub(super) const TOKEN_LISTENER: u64 = LISTENER;
 
 /// The token of the recorder's eventfd (a kind of its own: a bare 2 or 3 would read as run 0's
 /// output).
-pub const TOKEN_RECORDER: u64 = KIND_RECORDER;
+pub(super) const TOKEN_RECORDER: u64 = KIND_RECORDER;
 
 /// The token of client connection `id` (ids start at 1, so it never equals the two above).
-pub fn conn(id: u64) -> u64 {
-    (id << 8) | KIND_CONN
+pub(super) fn conn(id: ConnId) -> u64 {
+    (id.number() << 8) | KIND_CONN
 }
 
 /// The token of run `id`'s `stream` pipe.
-pub fn output(id: u64, stream: Stream) -> u64 {
+pub(super) fn output(id: RunId, stream: Stream) -> u64 {
     let kind = match stream {
         Stream::Stdout => KIND_STDOUT,
         Stream::Stderr => KIND_STDERR,
     };
-    (id << 8) | kind
+    (id.number() << 8) | kind
 }
 
 /// What a token stands for.
-pub fn decode(tok: u64) -> Source {
+pub(super) fn decode(tok: u64) -> Source {
     match tok {
         SIGNALS => Source::Signals,
         LISTENER => Source::Listener,
         t => match (t & 0xff, t >> 8) {
-            (KIND_CONN, id) => Source::Conn(id),
-            (KIND_STDOUT, id) => Source::Output(id, Stream::Stdout),
-            (KIND_STDERR, id) => Source::Output(id, Stream::Stderr),
+            (KIND_CONN, id) => Source::Conn(ConnId::from(id)),
+            (KIND_STDOUT, id) => Source::Output(RunId::from(id), Stream::Stdout),
+            (KIND_STDERR, id) => Source::Output(RunId::from(id), Stream::Stderr),
             (KIND_RECORDER, 0) => Source::Recorder,
             _ => Source::Unknown(t),
         },
@@ -73,14 +113,15 @@ mod tests {
         assert_eq!(decode(TOKEN_SIGNALS), Source::Signals);
         assert_eq!(decode(TOKEN_LISTENER), Source::Listener);
         assert_eq!(decode(TOKEN_RECORDER), Source::Recorder);
-        assert_eq!(decode(conn(7)), Source::Conn(7));
+        assert_eq!(decode(conn(ConnId::from(7))), Source::Conn(ConnId::from(7)));
+        let r9 = RunId::from(9);
         assert_eq!(
-            decode(output(9, Stream::Stderr)),
-            Source::Output(9, Stream::Stderr)
+            decode(output(r9, Stream::Stderr)),
+            Source::Output(r9, Stream::Stderr)
         );
         assert_eq!(
-            decode(output(9, Stream::Stdout)),
-            Source::Output(9, Stream::Stdout)
+            decode(output(r9, Stream::Stdout)),
+            Source::Output(r9, Stream::Stdout)
         );
         assert_eq!(decode((3 << 8) | 0x7f), Source::Unknown((3 << 8) | 0x7f));
     }

@@ -11,10 +11,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::liveness::{Fence, Observer, Seen, Verdict};
+use super::liveness::{run_state, Facts, Fence, Observer, RunState, Seen, Token, Verdict};
+use super::names::RunId;
 use super::record::{Ended, Owner};
-use super::recorder::{Completion, Entry, Request, RunId, Table, NO_RECORD};
-use super::{Facts, RunState};
+use super::recorder::{Completion, Entry, Request, Table, WriteError};
+use super::who::who_for;
+use crate::duration::fmt_duration;
 
 /// How often "state volume is not answering" is repeated while it lasts.
 pub const NOT_ANSWERING_EVERY: Duration = Duration::from_secs(60);
@@ -99,8 +101,6 @@ pub enum Event {
         /// Whether its record is on the volume.
         recorded: bool,
     },
-    /// Send this to the recorder.
-    Send(Request),
     /// This owner's heartbeat has not landed for long: stop its runs with records before any
     /// observer may call it dead (locks::liveness::Fence).
     Fence {
@@ -217,28 +217,28 @@ pub enum Notice {
         /// The state directory.
         dir: String,
         /// Why.
-        error: String,
+        error: WriteError,
     },
     /// A progress rewrite failed.
     ProgressFailed {
         /// The run.
         run: RunId,
         /// Why.
-        error: String,
+        error: WriteError,
     },
     /// An end-marking failed.
     EndFailed {
         /// The run.
         run: RunId,
         /// Why.
-        error: String,
+        error: WriteError,
     },
     /// A removal failed.
     RemoveFailed {
         /// The run.
         run: RunId,
         /// Why.
-        error: String,
+        error: WriteError,
     },
     /// Another live incarnation writes heartbeats under our owner name (once).
     SharedName {
@@ -278,7 +278,7 @@ impl Notice {
 
     /// Its text.
     pub fn message(&self) -> String {
-        let secs = |d: &Duration| crate::config::fmt_duration(Duration::from_secs(d.as_secs()));
+        let secs = |d: &Duration| fmt_duration(Duration::from_secs(d.as_secs()));
         match self {
             Notice::Enabled { dir, owner, incarnation } => format!(
                 "lock-owner records enabled (state_dir {dir}, owner {owner}, incarnation {incarnation})"
@@ -298,7 +298,7 @@ impl Notice {
                  lock-owner record, so a state lock this run leaves behind will not be released automatically. \
                  Check the volume mounted at TFINIT_STATE_DIR ({dir}); until a write succeeds again, state-locking \
                  runs start at once without a record. Raise TFINIT_RECORD_TIMEOUT if the volume is merely slow",
-                crate::config::fmt_duration(*timeout)
+                fmt_duration(*timeout)
             ),
             Notice::NotAnswering { run, dir, since } => format!(
                 "run {run}: the state volume is not answering (for {}): terraform starts without a lock-owner record. \
@@ -313,7 +313,7 @@ impl Notice {
                  this owner for dead after TFINIT_OWNER_TTL ({}) and release the state locks its records name. New \
                  state-locking runs start without a record until it is written again; check the volume",
                 secs(age),
-                crate::config::fmt_duration(*ttl)
+                fmt_duration(*ttl)
             ),
             Notice::HeartbeatStaleRun { run } => format!(
                 "run {run}: the heartbeat is stale, so terraform starts without a lock-owner record (a record no pod \
@@ -346,9 +346,9 @@ impl Notice {
                  owner for dead and release the locks its records name, so its runs with records {}: {}. New state-locking \
                  runs are refused until a heartbeat lands; check the volume, or raise TFINIT_OWNER_TTL if it stalls this long",
                 secs(age),
-                crate::config::fmt_duration(*ttl),
+                fmt_duration(*ttl),
                 if *kill { "are SIGKILLed now" } else { "are asked to stop gracefully (one SIGTERM)" },
-                runs.join(", ")
+                runs.iter().map(RunId::to_string).collect::<Vec<_>>().join(", ")
             ),
         }
     }
@@ -469,8 +469,8 @@ impl Book {
     }
 
     /// A run's record status; None for a run the book does not know (not state-locking, or over).
-    pub fn record(&self, run: &str) -> Option<&RecordStatus> {
-        self.runs.get(run).map(|r| &r.record)
+    pub fn record(&self, run: RunId) -> Option<&RecordStatus> {
+        self.runs.get(&run).map(|r| &r.record)
     }
 
     /// Registers a new state-locking run and decides whether it waits for a record: until
@@ -479,7 +479,7 @@ impl Book {
     /// passes the deadline of its first wait, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
     pub fn begin(
         &mut self,
-        run: &str,
+        run: RunId,
         workdir: &Path,
         workspace: &str,
         env: &[String],
@@ -502,7 +502,7 @@ impl Book {
                         last_warned: now,
                     };
                     Notice::NotAnswering {
-                        run: run.to_string(),
+                        run,
                         dir: self.dir.clone(),
                         since: now.saturating_duration_since(since),
                     }
@@ -510,9 +510,7 @@ impl Book {
                 (Start::Unrecorded(notice), RecordStatus::Unrecorded)
             }
             StoreState::Open if self.heartbeat_stale(now) || self.fence != FenceStage::Clear => (
-                Start::Unrecorded(Some(Notice::HeartbeatStaleRun {
-                    run: run.to_string(),
-                })),
+                Start::Unrecorded(Some(Notice::HeartbeatStaleRun { run })),
                 RecordStatus::Unrecorded,
             ),
             StoreState::Open => (
@@ -529,7 +527,7 @@ impl Book {
                     last_warned: now,
                 };
                 let notice = Notice::RecordTimeout {
-                    run: run.to_string(),
+                    run,
                     dir: self.dir.clone(),
                     timeout: self.record_timeout,
                 };
@@ -537,7 +535,7 @@ impl Book {
             }
         };
         self.runs.insert(
-            run.to_string(),
+            run,
             Run {
                 workdir: workdir.to_path_buf(),
                 workspace: workspace.to_string(),
@@ -550,12 +548,11 @@ impl Book {
 
     /// The request for a run's new set of resources in progress, when its record is (or may be)
     /// on the volume.
-    pub fn progress(&self, run: &str, in_progress: Vec<String>) -> Option<Request> {
-        let r = self.runs.get(run)?;
-        r.record.may_exist().then(|| Request::Progress {
-            run: run.to_string(),
-            in_progress,
-        })
+    pub fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Request> {
+        let r = self.runs.get(&run)?;
+        r.record
+            .may_exist()
+            .then_some(Request::Progress { run, in_progress })
     }
 
     /// The run is over (exited, or refused while `recording`): forgets it as live, and returns
@@ -563,11 +560,11 @@ impl Book {
     /// when one is or may be on the volume. A recovery in its directory waits for that request.
     pub fn exited(
         &mut self,
-        run: &str,
+        run: RunId,
         ended: Option<Ended>,
         in_progress: Vec<String>,
     ) -> Option<Request> {
-        let r = self.runs.remove(run)?;
+        let r = self.runs.remove(&run)?;
         if !r.record.may_exist() {
             return None;
         }
@@ -576,14 +573,13 @@ impl Book {
             _ => None,
         };
         self.closing.insert(
-            run.to_string(),
+            run,
             Closing {
                 workdir: r.workdir,
                 path,
                 ended: ended.clone(),
             },
         );
-        let run = run.to_string();
         Some(match ended {
             Some(ended) => Request::End {
                 run,
@@ -604,154 +600,33 @@ impl Book {
                 passwd_user,
                 beat,
                 ..
-            } => {
-                self.passwd_user = passwd_user;
-                if let Some(t) = table {
-                    self.take_table(t, &mut ev);
-                }
-                self.heartbeat_ok = beat;
-                ev.push(Event::Log(Notice::Enabled {
-                    dir: self.dir.clone(),
-                    owner: self.me.name.clone(),
-                    incarnation: self.me.incarnation(),
-                }));
-                let dead = self.dead_records(now);
-                if dead > 0 {
-                    ev.push(Event::Log(Notice::DeadRecords {
-                        count: dead,
-                        auto: self.auto_unlock,
-                    }));
-                }
-                self.answered(&mut ev);
-                if matches!(self.state, StoreState::Opening { .. }) {
-                    self.state = StoreState::Open;
-                }
-            }
+            } => self.opened(table, passwd_user, beat, now, &mut ev),
             Completion::Opened {
                 result: Err(error),
                 passwd_user,
                 ..
-            } => {
-                self.passwd_user = passwd_user;
-                self.state = StoreState::Failed;
-                ev.push(Event::Log(Notice::NotUsable {
-                    dir: self.dir.clone(),
-                    error,
-                }));
-                // Runs start at once, without a warning each: the one above says it all.
-                for (id, r) in &mut self.runs {
-                    if matches!(r.record, RecordStatus::Pending { .. }) {
-                        ev.push(Event::Start {
-                            run: id.clone(),
-                            recorded: false,
-                        });
-                    }
-                    if r.record.may_exist() {
-                        r.record = RecordStatus::Unrecorded;
-                    }
-                }
-            }
+            } => self.open_failed(error, passwd_user, &mut ev),
             Completion::Heartbeat {
-                result, stamped, ..
-            } => {
-                if result.is_ok() {
-                    self.heartbeat_ok = Some(self.heartbeat_ok.map_or(stamped, |t| t.max(stamped)));
-                    if now < Fence::after(stamped, self.ttl).stop_at {
-                        self.fence = FenceStage::Clear;
-                    }
-                    // A write that hung lands with an old stamp (other pods read that time in
-                    // the file): still stale, and said once; the next, fresh one ends it.
-                    let fresh = now.saturating_duration_since(stamped) <= self.ttl / 2;
-                    if fresh && std::mem::take(&mut self.stale_reported) {
-                        ev.push(Event::Log(Notice::HeartbeatAgain {
-                            dir: self.dir.clone(),
-                        }));
-                    }
-                    self.answered(&mut ev);
-                }
-            }
-            Completion::Created { run, result } => {
-                if result.is_ok() {
-                    self.answered(&mut ev);
-                }
-                if let Some(r) = self.runs.get_mut(&run) {
-                    let waiting = matches!(r.record, RecordStatus::Pending { .. });
-                    match result {
-                        Ok(path) => {
-                            // A late landing of a live run's record is as good as an early one.
-                            r.record = RecordStatus::Written { path };
-                            if waiting {
-                                ev.push(Event::Start {
-                                    run,
-                                    recorded: true,
-                                });
-                            }
-                        }
-                        Err(error) => {
-                            r.record = RecordStatus::Failed;
-                            if waiting {
-                                ev.push(Event::Log(Notice::CreateFailed {
-                                    run: run.clone(),
-                                    dir: self.dir.clone(),
-                                    error,
-                                }));
-                                ev.push(Event::Start {
-                                    run,
-                                    recorded: false,
-                                });
-                            }
-                        }
-                    }
-                } else if let (Some(c), Ok(path)) = (self.closing.get_mut(&run), result) {
-                    // Landed after its run was over: the end-marking or removal queued behind it
-                    // applies to it.
-                    c.path = Some(path);
-                }
-            }
+                result: Ok(()),
+                stamped,
+                ..
+            } => self.beat_landed(stamped, now, &mut ev),
+            // The next heartbeat's age still counts from the last one that landed.
+            Completion::Heartbeat { result: Err(_), .. } => {}
+            Completion::Created { run, result } => self.created(run, result, &mut ev),
             Completion::Written { run, result } => match result {
                 Ok(()) => self.answered(&mut ev),
-                Err(e) if e == NO_RECORD => {}
+                // A run without a record has nothing to rewrite: said when its create failed.
+                Err(WriteError::NoRecord) => {}
                 Err(error) => ev.push(Event::Log(Notice::ProgressFailed { run, error })),
             },
             Completion::Ended { run, result } => {
-                let c = self.closing.remove(&run);
-                match result {
-                    Ok(()) => {
-                        self.answered(&mut ev);
-                        if let Some(Closing {
-                            workdir,
-                            path: Some(path),
-                            ended: Some(ended),
-                        }) = c
-                        {
-                            let entry = Entry {
-                                path: path.clone(),
-                                workdir,
-                                facts: Facts {
-                                    owner: self.me.clone(),
-                                    updated_ms: ended.ms,
-                                    ended: Some(ended),
-                                    needs_person_by: None,
-                                },
-                            };
-                            self.own.insert(path, (now, Some(entry)));
-                        }
-                    }
-                    Err(e) if e == NO_RECORD => {}
-                    Err(error) => ev.push(Event::Log(Notice::EndFailed { run, error })),
-                }
+                let failed = |run, error| Notice::EndFailed { run, error };
+                self.closed(run, result, failed, now, &mut ev)
             }
             Completion::Removed { run, result } => {
-                let c = self.closing.remove(&run);
-                match result {
-                    Ok(()) => {
-                        self.answered(&mut ev);
-                        if let Some(path) = c.and_then(|c| c.path) {
-                            self.own.insert(path, (now, None));
-                        }
-                    }
-                    Err(error) => ev.push(Event::Log(Notice::RemoveFailed { run, error })),
-                }
+                let failed = |run, error| Notice::RemoveFailed { run, error };
+                self.closed(run, result, failed, now, &mut ev)
             }
             Completion::Table(t) => {
                 self.own.retain(|_, (at, _)| *at > t.scanned);
@@ -762,10 +637,165 @@ impl Book {
         ev
     }
 
+    /// The store opened: its records, our passwd user, and when its first heartbeat was stamped.
+    fn opened(
+        &mut self,
+        table: Option<Table>,
+        passwd_user: Option<String>,
+        beat: Option<Instant>,
+        now: Instant,
+        ev: &mut Vec<Event>,
+    ) {
+        self.passwd_user = passwd_user;
+        if let Some(t) = table {
+            self.take_table(t, ev);
+        }
+        self.heartbeat_ok = beat;
+        ev.push(Event::Log(Notice::Enabled {
+            dir: self.dir.clone(),
+            owner: self.me.name.clone(),
+            incarnation: self.me.incarnation(),
+        }));
+        let dead = self.dead_records(now);
+        if dead > 0 {
+            ev.push(Event::Log(Notice::DeadRecords {
+                count: dead,
+                auto: self.auto_unlock,
+            }));
+        }
+        self.answered(ev);
+        if matches!(self.state, StoreState::Opening { .. }) {
+            self.state = StoreState::Open;
+        }
+    }
+
+    /// The store cannot be used: said once, and every run waiting for its record starts without.
+    fn open_failed(&mut self, error: String, passwd_user: Option<String>, ev: &mut Vec<Event>) {
+        self.passwd_user = passwd_user;
+        self.state = StoreState::Failed;
+        ev.push(Event::Log(Notice::NotUsable {
+            dir: self.dir.clone(),
+            error,
+        }));
+        // Runs start at once, without a warning each: the one above says it all.
+        let mut runs: Vec<(&RunId, &mut Run)> = self.runs.iter_mut().collect();
+        runs.sort_by_key(|(id, _)| **id);
+        for (id, r) in runs {
+            if matches!(r.record, RecordStatus::Pending { .. }) {
+                ev.push(Event::Start {
+                    run: *id,
+                    recorded: false,
+                });
+            }
+            if r.record.may_exist() {
+                r.record = RecordStatus::Unrecorded;
+            }
+        }
+    }
+
+    /// A heartbeat stamped at `stamped` landed: the fence clears while it is young enough, and a
+    /// stale heartbeat that is fresh again is said once.
+    fn beat_landed(&mut self, stamped: Instant, now: Instant, ev: &mut Vec<Event>) {
+        self.heartbeat_ok = Some(self.heartbeat_ok.map_or(stamped, |t| t.max(stamped)));
+        if now < Fence::after(stamped, self.ttl).stop_at {
+            self.fence = FenceStage::Clear;
+        }
+        // A write that hung lands with an old stamp (other pods read that time in the file):
+        // still stale, and said once; the next, fresh one ends it.
+        let fresh = now.saturating_duration_since(stamped) <= self.ttl / 2;
+        if fresh && std::mem::take(&mut self.stale_reported) {
+            ev.push(Event::Log(Notice::HeartbeatAgain {
+                dir: self.dir.clone(),
+            }));
+        }
+        self.answered(ev);
+    }
+
+    /// A run's create finished: the run waiting for it starts (with its record, or without and a
+    /// warning); a late landing of a run that is over counts for its end-marking or removal.
+    fn created(&mut self, run: RunId, result: Result<PathBuf, WriteError>, ev: &mut Vec<Event>) {
+        if result.is_ok() {
+            self.answered(ev);
+        }
+        let Some(r) = self.runs.get_mut(&run) else {
+            if let (Some(c), Ok(path)) = (self.closing.get_mut(&run), result) {
+                // Landed after its run was over: the end-marking or removal queued behind it
+                // applies to it.
+                c.path = Some(path);
+            }
+            return;
+        };
+        let waiting = matches!(r.record, RecordStatus::Pending { .. });
+        match result {
+            Ok(path) => {
+                // A late landing of a live run's record is as good as an early one.
+                r.record = RecordStatus::Written { path };
+                if waiting {
+                    ev.push(Event::Start {
+                        run,
+                        recorded: true,
+                    });
+                }
+            }
+            Err(error) => {
+                r.record = RecordStatus::Failed;
+                if waiting {
+                    ev.push(Event::Log(Notice::CreateFailed {
+                        run,
+                        dir: self.dir.clone(),
+                        error,
+                    }));
+                    ev.push(Event::Start {
+                        run,
+                        recorded: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// A run's end-marking or removal finished: until a scan made after it arrives, its record
+    /// counts as this (ended record, or none). A failure is said with `failed`'s notice.
+    fn closed(
+        &mut self,
+        run: RunId,
+        result: Result<(), WriteError>,
+        failed: fn(RunId, WriteError) -> Notice,
+        now: Instant,
+        ev: &mut Vec<Event>,
+    ) {
+        let closing = self.closing.remove(&run);
+        match result {
+            Ok(()) => self.answered(ev),
+            // An end-marking of a run whose create failed: said when it failed.
+            Err(WriteError::NoRecord) => return,
+            Err(error) => return ev.push(Event::Log(failed(run, error))),
+        }
+        let Some(Closing {
+            workdir,
+            path: Some(path),
+            ended,
+        }) = closing
+        else {
+            return;
+        };
+        let entry = ended.map(|ended| Entry {
+            path: path.clone(),
+            workdir,
+            facts: Facts {
+                owner: self.me.clone(),
+                updated_ms: ended.ms,
+                ended: Some(ended),
+                needs_person_by: None,
+            },
+        });
+        self.own.insert(path, (now, entry));
+    }
+
     /// Takes in a scan: the records, and what it read of each incarnation's heartbeat.
     fn take_table(&mut self, t: Table, ev: &mut Vec<Event>) {
         for b in &t.beats {
-            let token = b.heartbeat.as_ref().map(|h| h.token());
+            let token = b.heartbeat.as_ref().map(Token::of);
             self.observer.saw(&b.owner.key(), token, b.started, b.done);
         }
         let keys: Vec<String> = t.beats.iter().map(|b| b.owner.key()).collect();
@@ -810,7 +840,7 @@ impl Book {
             .filter(
                 |(_, r)| matches!(r.record, RecordStatus::Pending { deadline } if deadline <= now),
             )
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .collect();
         expired.sort();
         for id in expired {
@@ -824,7 +854,7 @@ impl Book {
                 };
             }
             ev.push(Event::Log(Notice::RecordTimeout {
-                run: id.clone(),
+                run: id,
                 dir: self.dir.clone(),
                 timeout: self.record_timeout,
             }));
@@ -875,7 +905,7 @@ impl Book {
         self.runs
             .iter()
             .filter(|(_, r)| r.record.may_exist())
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .collect()
     }
 
@@ -981,7 +1011,7 @@ impl Book {
         } else {
             None
         };
-        super::run_state(&self.me, &e.facts, kernel, self.observer.verdict(&key, now))
+        run_state(&self.me, &e.facts, kernel, self.observer.verdict(&key, now))
     }
 
     /// Not known to be alive (over, or being watched), and not already reported by this
@@ -1074,7 +1104,7 @@ impl Book {
             .map(|r| LiveRun {
                 workdir: r.workdir.clone(),
                 workspace: r.workspace.clone(),
-                who: super::who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
+                who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
             })
             .collect();
         out.sort_by(|a, b| (&a.workdir, &a.workspace).cmp(&(&b.workdir, &b.workspace)));
@@ -1169,16 +1199,16 @@ mod tests {
             .collect()
     }
 
-    fn begin(b: &mut Book, run: &str, now: Instant) -> Start {
+    fn begin(b: &mut Book, run: RunId, now: Instant) -> Start {
         b.begin(run, Path::new("/tf/x"), "default", &[], now, None)
     }
 
     /// Begins run `run` in /tf/x and lands its record as `path`.
-    fn recorded(b: &mut Book, run: &str, path: &str, now: Instant) -> Vec<Event> {
+    fn recorded(b: &mut Book, run: RunId, path: &str, now: Instant) -> Vec<Event> {
         begin(b, run, now);
         b.on_completion(
             Completion::Created {
-                run: run.into(),
+                run,
                 result: Ok(path.into()),
             },
             now,
@@ -1193,7 +1223,7 @@ mod tests {
         // No create goes out before the store is open (and the loop holds the incarnation's
         // lock file for the run to inherit): a run that gave up waiting starts without one.
         assert!(matches!(
-            begin(&mut b, "r0", t),
+            begin(&mut b, RunId::from(0), t),
             Start::Unrecorded(Some(Notice::RecordTimeout { .. }))
         ));
         let ev = b.on_completion(opened(t, table(t, vec![], vec![])), t);
@@ -1203,7 +1233,7 @@ mod tests {
         );
         assert_eq!(b.state(), StoreState::Open);
         assert_eq!(
-            begin(&mut b, "r1", t),
+            begin(&mut b, RunId::from(1), t),
             Start::Record {
                 deadline: t + TIMEOUT
             }
@@ -1211,7 +1241,7 @@ mod tests {
         assert!(b.tick(t + Duration::from_secs(1)).is_empty(), "not due yet");
         let ev = b.on_completion(
             Completion::Created {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok("p1".into()),
             },
             t,
@@ -1219,24 +1249,24 @@ mod tests {
         assert_eq!(
             ev,
             [Event::Start {
-                run: "r1".into(),
+                run: RunId::from(1),
                 recorded: true
             }]
         );
         assert_eq!(
-            b.record("r1"),
+            b.record(RunId::from(1)),
             Some(&RecordStatus::Written { path: "p1".into() })
         );
-        assert!(b.progress("r1", vec!["a".into()]).is_some());
+        assert!(b.progress(RunId::from(1), vec!["a".into()]).is_some());
         // Runs the book does not know (not state-locking) never write progress.
-        assert!(b.progress("other", vec!["a".into()]).is_none());
+        assert!(b.progress(RunId::from(99), vec!["a".into()]).is_none());
     }
 
     #[test]
     fn a_record_that_does_not_land_in_time_makes_the_store_not_answering() {
         let t = Instant::now();
         let mut b = open_book(t);
-        begin(&mut b, "r1", t);
+        begin(&mut b, RunId::from(1), t);
         assert_eq!(b.next_wakeup(), Some(t + TIMEOUT));
         assert!(b.tick(t + TIMEOUT - Duration::from_millis(1)).is_empty());
         let ev = b.tick(t + TIMEOUT);
@@ -1244,29 +1274,29 @@ mod tests {
             logs(&ev)[0].contains("the state volume did not answer within TFINIT_RECORD_TIMEOUT")
         );
         assert!(ev.contains(&Event::Start {
-            run: "r1".into(),
+            run: RunId::from(1),
             recorded: false
         }));
-        assert_eq!(b.record("r1"), Some(&RecordStatus::Abandoned));
+        assert_eq!(b.record(RunId::from(1)), Some(&RecordStatus::Abandoned));
         assert_eq!(b.view(t + TIMEOUT).state, "not_answering");
         // The next locking runs start at once, warned once a minute.
         let t1 = t + TIMEOUT + Duration::from_secs(1);
-        assert_eq!(begin(&mut b, "r2", t1), Start::Unrecorded(None));
+        assert_eq!(begin(&mut b, RunId::from(2), t1), Start::Unrecorded(None));
         let t2 = t + TIMEOUT + NOT_ANSWERING_EVERY;
-        match begin(&mut b, "r3", t2) {
+        match begin(&mut b, RunId::from(3), t2) {
             Start::Unrecorded(Some(n)) => {
                 assert!(n.message().contains("state volume is not answering"))
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            begin(&mut b, "r4", t2 + Duration::from_secs(59)),
+            begin(&mut b, RunId::from(4), t2 + Duration::from_secs(59)),
             Start::Unrecorded(None)
         );
         // The late create lands: the volume answers again, and the live run's record counts.
         let ev = b.on_completion(
             Completion::Created {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok("p1".into()),
             },
             t2,
@@ -1279,7 +1309,7 @@ mod tests {
         assert_eq!(b.state(), StoreState::Open);
         // The heartbeat is old by now (r1's record is on the volume): stale until written.
         assert!(matches!(
-            begin(&mut b, "r5", t2),
+            begin(&mut b, RunId::from(5), t2),
             Start::Unrecorded(Some(_))
         ));
         b.on_completion(
@@ -1290,14 +1320,20 @@ mod tests {
             },
             t2,
         );
-        assert!(matches!(begin(&mut b, "r6", t2), Start::Record { .. }));
+        assert!(matches!(
+            begin(&mut b, RunId::from(6), t2),
+            Start::Record { .. }
+        ));
     }
 
     #[test]
     fn a_store_that_fails_to_open_warns_once_and_runs_start_without_records() {
         let t = Instant::now();
         let mut b = book(t);
-        assert!(matches!(begin(&mut b, "r1", t), Start::Unrecorded(Some(_))));
+        assert!(matches!(
+            begin(&mut b, RunId::from(1), t),
+            Start::Unrecorded(Some(_))
+        ));
         let ev = b.on_completion(Completion::not_usable("read-only file system".into()), t);
         assert_eq!(logs(&ev).len(), 1);
         assert!(logs(&ev)[0].contains("TFINIT_STATE_DIR is not usable"));
@@ -1305,33 +1341,37 @@ mod tests {
             !ev.iter().any(|e| matches!(e, Event::Start { .. })),
             "r1 never waited: no create goes out before the store opens"
         );
-        assert_eq!(begin(&mut b, "r2", t), Start::Unrecorded(None));
+        assert_eq!(begin(&mut b, RunId::from(2), t), Start::Unrecorded(None));
         assert_eq!(b.view(t).state, "failed");
         assert!(
             b.tick(t + TTL).is_empty(),
             "no heartbeat for a failed store"
         );
-        assert_eq!(b.exited("r2", None, vec![]), None, "nothing to remove");
+        assert_eq!(
+            b.exited(RunId::from(2), None, vec![]),
+            None,
+            "nothing to remove"
+        );
     }
 
     #[test]
     fn a_failed_create_starts_the_run_with_todays_warning() {
         let t = Instant::now();
         let mut b = open_book(t);
-        begin(&mut b, "r1", t);
+        begin(&mut b, RunId::from(1), t);
         let ev = b.on_completion(
             Completion::Created {
-                run: "r1".into(),
-                result: Err("no space left".into()),
+                run: RunId::from(1),
+                result: Err(WriteError::Volume("no space left".into())),
             },
             t,
         );
         assert!(logs(&ev)[0].contains("cannot write the lock-owner record"));
         assert!(ev.contains(&Event::Start {
-            run: "r1".into(),
+            run: RunId::from(1),
             recorded: false
         }));
-        assert_eq!(b.exited("r1", None, vec![]), None);
+        assert_eq!(b.exited(RunId::from(1), None, vec![]), None);
     }
 
     #[test]
@@ -1347,7 +1387,7 @@ mod tests {
         // Stale whether or not records of ours are on the volume: the next record must not land
         // under it.
         assert!(b.heartbeat_stale(t + TTL));
-        recorded(&mut b, "r1", "p1", t);
+        recorded(&mut b, RunId::from(1), "p1", t);
         let late = t + TTL / 2 + Duration::from_millis(2);
         assert!(b.next_wakeup().is_some_and(|w| w <= late));
         let ev = b.tick(late);
@@ -1361,7 +1401,7 @@ mod tests {
         );
         assert_eq!(b.view(late).state, "heartbeat_stale");
         assert_eq!(b.view(late).heartbeat_age, Some(late - t));
-        match begin(&mut b, "r2", late) {
+        match begin(&mut b, RunId::from(2), late) {
             Start::Unrecorded(Some(n)) => assert!(n.message().contains("heartbeat is stale")),
             other => panic!("{other:?}"),
         }
@@ -1375,11 +1415,14 @@ mod tests {
         );
         assert!(logs(&ev)[0].contains("heartbeat written again"));
         assert_eq!(b.view(late).state, "open");
-        assert!(matches!(begin(&mut b, "r3", late), Start::Record { .. }));
+        assert!(matches!(
+            begin(&mut b, RunId::from(3), late),
+            Start::Record { .. }
+        ));
         // A failed heartbeat changes nothing by itself.
         let ev = b.on_completion(
             Completion::Heartbeat {
-                result: Err("EIO".into()),
+                result: Err(WriteError::Volume("EIO".into())),
                 stamped: late,
                 wall_ms: T0,
             },
@@ -1533,18 +1576,18 @@ mod tests {
     fn a_recovery_waits_for_end_markings_and_its_rescan() {
         let t = Instant::now();
         let mut b = open_book(t);
-        recorded(&mut b, "r1", "p1", t);
+        recorded(&mut b, RunId::from(1), "p1", t);
         let w = Path::new("/tf/x");
         assert!(b.may_recover(w));
         let end = Ended {
             ms: T0,
             how: "killed by SIGKILL".into(),
         };
-        let req = b.exited("r1", Some(end.clone()), vec!["a".into()]);
+        let req = b.exited(RunId::from(1), Some(end.clone()), vec!["a".into()]);
         assert_eq!(
             req,
             Some(Request::End {
-                run: "r1".into(),
+                run: RunId::from(1),
                 ended: end,
                 in_progress: vec!["a".into()]
             })
@@ -1558,7 +1601,7 @@ mod tests {
         let t1 = t + Duration::from_secs(1);
         b.on_completion(
             Completion::Ended {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok(()),
             },
             t1,
@@ -1592,18 +1635,20 @@ mod tests {
     fn a_refused_recording_run_removes_its_late_record_and_a_removal_hides_it() {
         let t = Instant::now();
         let mut b = open_book(t);
-        begin(&mut b, "r1", t);
+        begin(&mut b, RunId::from(1), t);
         // Shutdown refuses the run while its create is in flight.
         assert_eq!(
-            b.exited("r1", None, vec![]),
-            Some(Request::Remove { run: "r1".into() })
+            b.exited(RunId::from(1), None, vec![]),
+            Some(Request::Remove {
+                run: RunId::from(1)
+            })
         );
-        assert_eq!(b.record("r1"), None);
+        assert_eq!(b.record(RunId::from(1)), None);
         assert!(b.live_runs().is_empty());
         // The create lands late: nothing starts; the removal queued behind it is tracked.
         let ev = b.on_completion(
             Completion::Created {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok("p1".into()),
             },
             t,
@@ -1613,7 +1658,7 @@ mod tests {
         let t1 = t + Duration::from_secs(1);
         b.on_completion(
             Completion::Removed {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok(()),
             },
             t1,
@@ -1638,8 +1683,8 @@ mod tests {
             "HOME=/home/bob".to_string(),
             "X=1".to_string(),
         ];
-        b.begin("r1", Path::new("/tf/x"), "staging", &env, t, None);
-        b.begin("r2", Path::new("/tf/y"), "default", &[], t, None);
+        b.begin(RunId::from(1), Path::new("/tf/x"), "staging", &env, t, None);
+        b.begin(RunId::from(2), Path::new("/tf/y"), "default", &[], t, None);
         let who: Vec<String> = b.live_runs().into_iter().map(|r| r.who).collect();
         assert_eq!(who, ["bob@pod-a", "@pod-a"]);
         b.on_completion(
@@ -1664,12 +1709,12 @@ mod tests {
         let mut b = open_book(now);
         let wd = Path::new("/tf/a");
         assert!(matches!(
-            b.begin("r1", wd, "default", &[], now, None),
+            b.begin(RunId::from(1), wd, "default", &[], now, None),
             Start::Record { .. }
         ));
         b.on_completion(
             Completion::Created {
-                run: "r1".into(),
+                run: RunId::from(1),
                 result: Ok(PathBuf::from("/s/records/r1.json")),
             },
             now,
@@ -1683,7 +1728,7 @@ mod tests {
             how: "killed by SIGKILL".into(),
         };
         assert!(matches!(
-            b.exited("r1", Some(ended), vec![]),
+            b.exited(RunId::from(1), Some(ended), vec![]),
             Some(Request::End { .. })
         ));
         assert!(b.needs_recovery(wd, now), "the end-marking is queued");
@@ -1698,12 +1743,12 @@ mod tests {
     fn recorded_runs_are_stopped_then_killed_before_any_observer_may_call_us_dead() {
         let t = Instant::now();
         let mut b = open_book(t);
-        recorded(&mut b, "r1", "p1", t);
+        recorded(&mut b, RunId::from(1), "p1", t);
         // An unrecorded run is nobody's concern.
         b.on_completion(
             Completion::Created {
-                run: "r2".into(),
-                result: Err("x".into()),
+                run: RunId::from(2),
+                result: Err(WriteError::Volume("x".into())),
             },
             t,
         );
@@ -1717,7 +1762,7 @@ mod tests {
         let ev = b.tick(stop_at);
         assert!(
             ev.contains(&Event::Fence {
-                runs: vec!["r1".into()],
+                runs: vec![RunId::from(1)],
                 kill: false
             }),
             "{ev:?}"
@@ -1731,20 +1776,20 @@ mod tests {
         assert_eq!(b.fence_stage(), FenceStage::Stopping);
         // No new record while the fence is up.
         assert!(matches!(
-            begin(&mut b, "r3", stop_at),
+            begin(&mut b, RunId::from(3), stop_at),
             Start::Unrecorded(Some(_))
         ));
         assert_eq!(b.next_wakeup().map(|w| w <= kill_at), Some(true));
         let ev = b.tick(kill_at);
         assert!(
             ev.contains(&Event::Fence {
-                runs: vec!["r1".into()],
+                runs: vec![RunId::from(1)],
                 kill: true
             }),
             "{ev:?}"
         );
         assert!(b
-            .fence_notice(&["r1".into()], true, kill_at)
+            .fence_notice(&[RunId::from(1)], true, kill_at)
             .message()
             .contains("SIGKILLed"));
         // A heartbeat lands: clear again, records resume.
@@ -1757,7 +1802,10 @@ mod tests {
             kill_at,
         );
         assert_eq!(b.fence_stage(), FenceStage::Clear);
-        assert!(matches!(begin(&mut b, "r4", kill_at), Start::Record { .. }));
+        assert!(matches!(
+            begin(&mut b, RunId::from(4), kill_at),
+            Start::Record { .. }
+        ));
     }
 
     #[test]
@@ -1771,7 +1819,7 @@ mod tests {
         assert_eq!(b.heartbeat_age(reported), Some(reported - t));
         assert!(b.heartbeat_stale(reported), "no record lands under it");
         assert!(matches!(
-            begin(&mut b, "r1", reported),
+            begin(&mut b, RunId::from(1), reported),
             Start::Unrecorded(Some(_))
         ));
     }

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::record::{Ended, Heartbeat, Owner, Record};
+
 /// What an observer compares between two reads of one incarnation's heartbeat: its sequence
 /// number and its stamp (a heartbeat of the first format has no sequence number, so its stamp is
 /// what changes). Missing (no heartbeat file) is a value of its own.
@@ -33,6 +35,16 @@ pub struct Token {
     pub seq: u64,
     /// Its wall-clock stamp, compared only for equality.
     pub updated_ms: u64,
+}
+
+impl Token {
+    /// What observers compare of `hb`.
+    pub fn of(hb: &Heartbeat) -> Token {
+        Token {
+            seq: hb.seq,
+            updated_ms: hb.updated_ms,
+        }
+    }
 }
 
 /// What one observer has seen of one incarnation's heartbeat.
@@ -257,6 +269,100 @@ impl Fence {
 /// recorder writes a heartbeat first.
 pub fn fresh_enough(last_beat: Option<Instant>, now: Instant, ttl: Duration) -> bool {
     last_beat.is_some_and(|b| now.saturating_duration_since(b) < ttl / 3)
+}
+
+/// What the liveness rules read of a record: its owner, its last write and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    /// Who ran it.
+    pub owner: Owner,
+    /// Its last write, ms since the epoch.
+    pub updated_ms: u64,
+    /// Set when the init saw terraform die.
+    pub ended: Option<Ended>,
+    /// The incarnation that reported the record as needing a person, if one did.
+    pub needs_person_by: Option<String>,
+}
+
+impl Facts {
+    /// The facts of `rec`.
+    pub fn of(rec: &Record) -> Facts {
+        Facts {
+            owner: rec.owner.clone(),
+            updated_ms: rec.updated_ms,
+            ended: rec.ended.clone(),
+            needs_person_by: rec.needs_person.as_ref().map(|n| n.reported_by.clone()),
+        }
+    }
+}
+
+/// Whether a record's run may still hold its lock, as far as one observer can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    /// Over: the text says what proves it. Its lock may be probed and released.
+    Over(String),
+    /// It may be running: its lock is never touched.
+    Alive,
+    /// Not known yet: its owner's heartbeat has been watched for less than a TTL.
+    Watching {
+        /// How much longer the watch needs.
+        left: Duration,
+    },
+}
+
+/// Whether the run of a record with `rec` is over, for observer `me`, given what the kernel says
+/// of its incarnation's lock file (`kernel`, see [`super::store::Store::incarnation_gone`]:
+/// Some(true) every process of it is gone, Some(false) one still holds it, None nothing known)
+/// and what `me` has seen of its heartbeat (`verdict`). The only proofs of an end are: the init
+/// saw its terraform die (`ended`), the kernel freed the lock every process of its incarnation
+/// held, or a read a full TTL after its heartbeat was first seen shows it unchanged (and the
+/// kernel does not say a process of it lives). No wall-clock stamp is compared with any clock.
+pub fn run_state(me: &Owner, rec: &Facts, kernel: Option<bool>, verdict: Verdict) -> RunState {
+    if let Some(end) = &rec.ended {
+        return RunState::Over(format!(
+            "its terraform ended ({}) and may have left its lock",
+            end.how
+        ));
+    }
+    if rec.owner.same_incarnation(me) {
+        return RunState::Alive;
+    }
+    if kernel == Some(false) {
+        // A process of that incarnation holds its lock file: whatever its heartbeat does (an
+        // init that died outside a PID namespace leaves its runs behind), it is alive.
+        return RunState::Alive;
+    }
+    if kernel == Some(true) {
+        return RunState::Over(format!(
+            "every process of incarnation {} is gone (the kernel freed the lock file they all held)",
+            rec.owner.incarnation()
+        ));
+    }
+    match verdict {
+        Verdict::Dead { watched } => RunState::Over(format!(
+            "its owner's heartbeat did not change in {}s of watching",
+            watched.as_secs()
+        )),
+        Verdict::Alive => RunState::Alive,
+        Verdict::Watching { left } => RunState::Watching { left },
+    }
+}
+
+/// The latest moment a dead run could have taken a lock, ms since the epoch on its owner's own
+/// clock: a lock created later than this (plus clock skew) is not that run's. From the owner's
+/// own stamps only (the lock's Created is stamped by the same node): when the init saw terraform
+/// die, else the owner's last heartbeat or the record's last write, plus one TTL (it may have
+/// lived that long unseen). `hb` is that incarnation's heartbeat.
+pub fn last_alive_ms(rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 {
+    if let Some(end) = &rec.ended {
+        return end.ms;
+    }
+    let own_beat = hb
+        .filter(|hb| hb.owner.same_incarnation(&rec.owner))
+        .map_or(0, |hb| hb.updated_ms);
+    own_beat
+        .max(rec.updated_ms)
+        .saturating_add(ttl.as_millis() as u64)
 }
 
 #[cfg(test)]

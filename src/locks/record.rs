@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::names::{valid_owner, valid_run_id, valid_workspace};
+
 /// Format version of records written by this tfinit. A file with a newer version is left alone.
 /// Version 2 came with liveness by observation (heartbeats with sequence numbers, one per
 /// incarnation): a tfinit of version 1 leaves version-2 records alone, since it would judge
@@ -252,16 +254,6 @@ pub struct Heartbeat {
     pub holds_lock: bool,
 }
 
-impl Heartbeat {
-    /// What observers compare between two reads.
-    pub fn token(&self) -> crate::locks::liveness::Token {
-        crate::locks::liveness::Token {
-            seq: self.seq,
-            updated_ms: self.updated_ms,
-        }
-    }
-}
-
 /// A record file found on disk.
 #[derive(Debug)]
 pub enum Found {
@@ -309,7 +301,7 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
         ));
     }
     let rec: Record = serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
-    if !crate::config::valid_owner(&rec.owner.name) {
+    if !valid_owner(&rec.owner.name) {
         return Err(format!("invalid owner name {:?}", rec.owner.name));
     }
     // The run id is part of the file name a recovery writes the record back to (`needs_person`):
@@ -327,21 +319,6 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
         return Err(format!("invalid workspace name {:?}", rec.workspace));
     }
     Ok(rec)
-}
-
-/// Whether `s` is a run id as the init makes them: `r` and a decimal u64 (at most 20 digits).
-pub fn valid_run_id(s: &str) -> bool {
-    s.strip_prefix('r')
-        .is_some_and(|n| (1..=20).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// Whether `s` can be a terraform workspace name (terraform allows URL path segment characters).
-pub fn valid_workspace(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 255
-        && !s.starts_with('-')
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '~' | '+'))
 }
 
 /// A record for unit tests: `owner`'s apply (run r1) in /tf/x, Who `@pod-a`, started now.
@@ -398,25 +375,6 @@ mod tests {
         // Truncated at any byte: never a record.
         for cut in 0..ok.len() - 1 {
             assert!(parse_record(&ok[..cut]).is_err(), "cut at {cut}");
-        }
-    }
-
-    #[test]
-    fn run_ids_are_r_and_a_number() {
-        for ok in ["r1", "r42", &format!("r{}", u64::MAX)] {
-            assert!(valid_run_id(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "r",
-            "1",
-            "R1",
-            "r-1",
-            "r1.json",
-            "r1/x",
-            &format!("r{}0", u64::MAX),
-        ] {
-            assert!(!valid_run_id(bad), "{bad}");
         }
     }
 

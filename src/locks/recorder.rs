@@ -25,15 +25,52 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::liveness::{fresh_enough, Facts};
+use super::names::RunId;
 use super::record::{now_ms, Ended, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use super::store::Store;
-use super::Facts;
+use super::who::{passwd_user, who_for};
 
 /// How long the heartbeat of an owner without records is kept after it went silent.
 const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// A run's id (the record's `run_id`).
-pub type RunId = String;
+/// Why a record or heartbeat write did not land.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// The store did not open, so nothing is written to it.
+    NotOpen,
+    /// A progress or end write for a run whose record was never written (its create failed or
+    /// was cancelled): there is nothing to rewrite.
+    NoRecord,
+    /// A create cancelled because its run's removal came before it started.
+    Cancelled,
+    /// A create that must follow a fresh heartbeat, which could not be written.
+    NoHeartbeat,
+    /// The volume's own error.
+    Volume(String),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WriteError::NotOpen => "TFINIT_STATE_DIR is not usable",
+            WriteError::NoRecord => "no record was written for this run",
+            WriteError::Cancelled => "not written: the run was over before its record was",
+            WriteError::NoHeartbeat => {
+                "not written: the heartbeat it must follow could not be written"
+            }
+            WriteError::Volume(e) => e,
+        })
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl From<io::Error> for WriteError {
+    fn from(e: io::Error) -> WriteError {
+        WriteError::Volume(e.to_string())
+    }
+}
 
 /// Work for the recorder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +175,7 @@ pub enum Completion {
     /// A heartbeat write finished.
     Heartbeat {
         /// Whether it is on the volume.
-        result: Result<(), String>,
+        result: Result<(), WriteError>,
         /// When its time stamp was taken: its age counts from then.
         stamped: Instant,
         /// That time stamp, ms since the epoch.
@@ -149,28 +186,28 @@ pub enum Completion {
         /// The run.
         run: RunId,
         /// Whether the record is on the volume (with its id).
-        result: Result<PathBuf, String>,
+        result: Result<PathBuf, WriteError>,
     },
     /// A progress rewrite finished (or was not needed: no record).
     Written {
         /// The run.
         run: RunId,
         /// Whether it is on the volume.
-        result: Result<(), String>,
+        result: Result<(), WriteError>,
     },
     /// An end-marking finished.
     Ended {
         /// The run.
         run: RunId,
         /// Whether the ended record is on the volume.
-        result: Result<(), String>,
+        result: Result<(), WriteError>,
     },
     /// A removal finished.
     Removed {
         /// The run.
         run: RunId,
         /// Whether the record is gone.
-        result: Result<(), String>,
+        result: Result<(), WriteError>,
     },
     /// A rescan finished.
     Table(Table),
@@ -373,7 +410,11 @@ impl Queue {
                 ref in_progress,
             } => {
                 // Only the last queued write of this run may absorb it (order is kept).
-                let last = self.writes.iter_mut().rev().find(|(w, _)| run_of(w) == run);
+                let last = self
+                    .writes
+                    .iter_mut()
+                    .rev()
+                    .find(|(w, _)| run_of(w) == Some(*run));
                 if let Some((
                     Request::Progress {
                         in_progress: queued,
@@ -390,7 +431,7 @@ impl Queue {
             }
             Request::End { ref run, .. } => {
                 // The end carries the final in-progress set: queued progress is superseded.
-                let dropped = self.drop_where(run, |w| matches!(w, Request::Progress { .. }));
+                let dropped = self.drop_where(*run, |w| matches!(w, Request::Progress { .. }));
                 self.writes.push_back((r, 1));
                 return (Vec::new(), dropped);
             }
@@ -398,11 +439,11 @@ impl Queue {
                 let mut cancelled = Vec::new();
                 let mut dropped = 0;
                 self.writes.retain(|(w, n)| {
-                    if run_of(w) != run {
+                    if run_of(w) != Some(*run) {
                         return true;
                     }
                     if matches!(w, Request::Create { .. }) {
-                        cancelled.push(run.clone());
+                        cancelled.push(*run);
                     } else {
                         dropped += n;
                     }
@@ -416,10 +457,10 @@ impl Queue {
         (Vec::new(), 0)
     }
 
-    fn drop_where(&mut self, run: &str, f: impl Fn(&Request) -> bool) -> usize {
+    fn drop_where(&mut self, run: RunId, f: impl Fn(&Request) -> bool) -> usize {
         let mut dropped = 0;
         self.writes.retain(|(w, n)| {
-            let drop = run_of(w) == run && f(w);
+            let drop = run_of(w) == Some(run) && f(w);
             if drop {
                 dropped += n;
             }
@@ -449,13 +490,13 @@ impl Queue {
     }
 }
 
-fn run_of(r: &Request) -> &str {
+fn run_of(r: &Request) -> Option<RunId> {
     match r {
         Request::Create { run, .. }
         | Request::Progress { run, .. }
         | Request::End { run, .. }
-        | Request::Remove { run } => run,
-        Request::Heartbeat | Request::Rescan => "",
+        | Request::Remove { run } => Some(*run),
+        Request::Heartbeat | Request::Rescan => None,
     }
 }
 
@@ -476,12 +517,6 @@ struct Worker {
     /// Whether this incarnation's lock file is held (said in every heartbeat).
     holds_lock: bool,
 }
-
-/// Why a write was not attempted: the store did not open.
-pub const NOT_OPEN: &str = "TFINIT_STATE_DIR is not usable";
-
-/// Why a progress or end write was not attempted: the run's record was never written.
-pub const NO_RECORD: &str = "no record was written for this run";
 
 impl Worker {
     fn serve(mut self, inbox: &Receiver<Request>, out: &Outbox) {
@@ -525,7 +560,7 @@ impl Worker {
         for run in cancelled {
             out.send(Completion::Created {
                 run,
-                result: Err("not written: the run was over before its record was".into()),
+                result: Err(WriteError::Cancelled),
             });
             out.done(1);
         }
@@ -533,8 +568,8 @@ impl Worker {
     }
 
     fn open_store(&mut self, out: &Outbox) {
-        self.passwd_user = super::passwd_user();
-        self.host = crate::config::hostname();
+        self.passwd_user = passwd_user();
+        self.host = crate::sys::hostname();
         let mut lock = None;
         let mut beat = None;
         let result = self.store.open(self.ttl).and_then(|()| {
@@ -663,7 +698,7 @@ impl Worker {
             Job::Heartbeat => {
                 if !self.open {
                     out.send(Completion::Heartbeat {
-                        result: Err(NOT_OPEN.into()),
+                        result: Err(WriteError::NotOpen),
                         stamped: Instant::now(),
                         wall_ms: now_ms(),
                     });
@@ -698,7 +733,7 @@ impl Worker {
         let (stamped, result) = self.beat();
         let ok = result.is_ok();
         let done = Completion::Heartbeat {
-            result: result.map_err(|e| e.to_string()),
+            result: result.map_err(WriteError::from),
             stamped,
             wall_ms,
         };
@@ -720,33 +755,30 @@ impl Worker {
                 // A record lands only under a fresh heartbeat: every observer then has at least
                 // two thirds of a TTL of watching ahead, and this owner's fence stops the run
                 // before any of them may call it dead (locks::liveness).
-                let fresh =
-                    super::liveness::fresh_enough(self.last_heartbeat, Instant::now(), self.ttl);
+                let fresh = fresh_enough(self.last_heartbeat, Instant::now(), self.ttl);
                 if self.open && !fresh && !self.heartbeat_now(out, true) {
                     return Some(Completion::Created {
                         run,
-                        result: Err(
-                            "not written: the heartbeat it must follow could not be written".into(),
-                        ),
+                        result: Err(WriteError::NoHeartbeat),
                     });
                 }
                 let result = if self.open {
-                    record.who = super::who_for(self.passwd_user.as_deref(), &self.host, &env);
+                    record.who = who_for(self.passwd_user.as_deref(), &self.host, &env);
                     record.updated_ms = now_ms();
                     match self.store.write(&record) {
                         Ok(path) => {
-                            self.written.insert(run.clone(), (path.clone(), *record));
+                            self.written.insert(run, (path.clone(), *record));
                             Ok(path)
                         }
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(e.into()),
                     }
                 } else {
-                    Err(NOT_OPEN.into())
+                    Err(WriteError::NotOpen)
                 };
                 Completion::Created { run, result }
             }
             Request::Progress { run, in_progress } => {
-                let result = self.rewrite(&run, |r| r.in_progress = in_progress);
+                let result = self.rewrite(run, |r| r.in_progress = in_progress);
                 Completion::Written { run, result }
             }
             Request::End {
@@ -754,7 +786,7 @@ impl Worker {
                 ended,
                 in_progress,
             } => {
-                let result = self.rewrite(&run, |r| {
+                let result = self.rewrite(run, |r| {
                     r.in_progress = in_progress;
                     r.ended = Some(ended);
                 });
@@ -764,7 +796,7 @@ impl Worker {
             }
             Request::Remove { run } => {
                 let result = match self.written.remove(&run) {
-                    Some((path, _)) => self.store.remove(&path).map_err(|e| e.to_string()),
+                    Some((path, _)) => self.store.remove(&path).map_err(WriteError::from),
                     // Never written (its create failed or was cancelled): nothing to remove.
                     None => Ok(()),
                 };
@@ -775,13 +807,13 @@ impl Worker {
         })
     }
 
-    fn rewrite(&mut self, run: &str, change: impl FnOnce(&mut Record)) -> Result<(), String> {
-        let Some((_, rec)) = self.written.get_mut(run) else {
-            return Err(NO_RECORD.into());
+    fn rewrite(&mut self, run: RunId, change: impl FnOnce(&mut Record)) -> Result<(), WriteError> {
+        let Some((_, rec)) = self.written.get_mut(&run) else {
+            return Err(WriteError::NoRecord);
         };
         change(rec);
         rec.updated_ms = now_ms();
-        self.store.write(rec).map(|_| ()).map_err(|e| e.to_string())
+        self.store.write(rec).map(|_| ()).map_err(WriteError::from)
     }
 }
 
@@ -961,9 +993,14 @@ pub(crate) mod tests {
         })
     }
 
+    /// The id `r7` stands for.
+    pub(crate) fn id(run: &str) -> RunId {
+        RunId::from(run[1..].parse::<u64>().expect("a run id like r7"))
+    }
+
     fn create(run: &str) -> Request {
         Request::Create {
-            run: run.into(),
+            run: id(run),
             record: record(run),
             env: vec!["USER=bob".into(), "HOME=/home/bob".into()],
         }
@@ -971,7 +1008,7 @@ pub(crate) mod tests {
 
     fn progress(run: &str, items: &[&str]) -> Request {
         Request::Progress {
-            run: run.into(),
+            run: id(run),
             in_progress: items.iter().map(|s| s.to_string()).collect(),
         }
     }
@@ -1051,27 +1088,44 @@ pub(crate) mod tests {
         q.push(progress("r1", &["a"]));
         q.push(progress("r2", &["z"]));
         q.push(progress("r1", &["a", "b"]));
-        assert_eq!(q.push(Request::Remove { run: "r1".into() }), (vec![], 2));
+        assert_eq!(
+            q.push(Request::Remove {
+                run: RunId::from(1)
+            }),
+            (vec![], 2)
+        );
         assert_eq!(q.next(), Some(Job::Write(progress("r2", &["z"]), 1)));
         assert_eq!(
             q.next(),
-            Some(Job::Write(Request::Remove { run: "r1".into() }, 1))
+            Some(Job::Write(
+                Request::Remove {
+                    run: RunId::from(1)
+                },
+                1
+            ))
         );
         // A create that never started is cancelled by its run's removal.
         q.push(create("r4"));
         assert_eq!(
-            q.push(Request::Remove { run: "r4".into() }),
-            (vec!["r4".to_string()], 0)
+            q.push(Request::Remove {
+                run: RunId::from(4)
+            }),
+            (vec![RunId::from(4)], 0)
         );
         assert_eq!(
             q.next(),
-            Some(Job::Write(Request::Remove { run: "r4".into() }, 1))
+            Some(Job::Write(
+                Request::Remove {
+                    run: RunId::from(4)
+                },
+                1
+            ))
         );
         // An end carries the final set: queued progress goes, a queued create stays first.
         q.push(create("r5"));
         q.push(progress("r5", &["a"]));
         let end = Request::End {
-            run: "r5".into(),
+            run: RunId::from(5),
             ended: ended(),
             in_progress: vec!["a".into()],
         };
@@ -1133,7 +1187,7 @@ pub(crate) mod tests {
         // The record's Who was computed by the recorder (passwd entry, or $USER with $HOME).
         let who = store.with(|i| i.records[Path::new("r1")].who.clone());
         assert!(
-            who.ends_with(&format!("@{}", crate::config::hostname())),
+            who.ends_with(&format!("@{}", crate::sys::hostname())),
             "{who}"
         );
     }
@@ -1176,7 +1230,10 @@ pub(crate) mod tests {
         r.send(progress("r1", &["a"])).unwrap();
         r.send(progress("r1", &["a", "b"])).unwrap();
         // The run is over before its record landed.
-        r.send(Request::Remove { run: "r1".into() }).unwrap();
+        r.send(Request::Remove {
+            run: RunId::from(1),
+        })
+        .unwrap();
         store.with(|i| i.hold = false);
         let seen = collect_until(&r, "Removed", |c| matches!(c, Completion::Removed { .. }));
         assert!(seen
@@ -1199,7 +1256,7 @@ pub(crate) mod tests {
         store.wait_for("r1's create in flight", |i| i.in_flight == 1);
         r.send(progress("r1", &["a"])).unwrap();
         r.send(Request::End {
-            run: "r1".into(),
+            run: RunId::from(1),
             ended: ended(),
             in_progress: vec!["a".into(), "b".into()],
         })
@@ -1231,7 +1288,7 @@ pub(crate) mod tests {
         r.send(create("r1")).unwrap();
         let seen = collect_until(&r, "Created", |c| matches!(c, Completion::Created { .. }));
         assert!(
-            matches!(seen.last(), Some(Completion::Created { result: Err(e), .. }) if e == NOT_OPEN)
+            matches!(seen.last(), Some(Completion::Created { result: Err(e), .. }) if *e == WriteError::NotOpen)
         );
         assert!(
             writes(&store).is_empty(),
@@ -1251,7 +1308,7 @@ pub(crate) mod tests {
             .iter()
             .any(|c| matches!(c, Completion::Created { result: Err(_), .. })));
         assert!(
-            matches!(seen.last(), Some(Completion::Written { result: Err(e), .. }) if e == NO_RECORD)
+            matches!(seen.last(), Some(Completion::Written { result: Err(e), .. }) if *e == WriteError::NoRecord)
         );
         assert_eq!(writes(&store), ["create r1"]);
     }
@@ -1319,7 +1376,7 @@ pub(crate) mod tests {
         store.with(|i| i.fail_heartbeats = true);
         std::thread::sleep(ttl / 3 + Duration::from_millis(50));
         r.send(Request::Create {
-            run: "r1".into(),
+            run: RunId::from(1),
             record: record("r1"),
             env: vec![],
         })
@@ -1327,18 +1384,18 @@ pub(crate) mod tests {
         let seen = collect_until(
             &r,
             "r1's create",
-            |c| matches!(c, Completion::Created { run, .. } if run == "r1"),
+            |c| matches!(c, Completion::Created { run, .. } if *run == RunId::from(1)),
         );
         let Some(Completion::Created { result: Err(e), .. }) = seen.last() else {
             panic!("{seen:?}");
         };
-        assert!(e.contains("heartbeat"), "{e}");
+        assert_eq!(*e, WriteError::NoHeartbeat);
         assert!(store.with(|i| !i.log.iter().any(|l| l == "create r1")));
         // It lands again: the next create follows a heartbeat written for it, or one the
         // recorder's own clock wrote less than TTL/3 before.
         store.with(|i| i.fail_heartbeats = false);
         r.send(Request::Create {
-            run: "r2".into(),
+            run: RunId::from(2),
             record: record("r2"),
             env: vec![],
         })
@@ -1346,7 +1403,7 @@ pub(crate) mod tests {
         let seen = collect_until(
             &r,
             "r2's create",
-            |c| matches!(c, Completion::Created { run, .. } if run == "r2"),
+            |c| matches!(c, Completion::Created { run, .. } if *run == RunId::from(2)),
         );
         assert!(matches!(
             seen.last(),

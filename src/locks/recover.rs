@@ -28,11 +28,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::liveness::{self, Observer, Seen, Verdict};
+use super::liveness::{
+    self, last_alive_ms, run_state, Facts, Observer, RunState, Seen, Token, Verdict,
+};
 use super::lockinfo::{self, LockInfo, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
-use super::{Facts, RunState};
+use super::workspace::data_dir;
+use crate::duration::fmt_duration;
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -136,6 +139,129 @@ pub fn decide(rec: &Record, info: &LockInfo, w: &Window) -> Decision {
         ));
     }
     Decision::Unlock
+}
+
+/// Logs at warn what a recovery did with the record of [`Report`] `$r`, with the record's every
+/// field, then (after `lock`) the lock's fields, then the outcome's own fields and message.
+macro_rules! warn_record {
+    ($r:expr, lock $i:expr, $($field:tt)*) => {
+        warn_record!(
+            $r, lock_id = %$i.id, lock_path = %$i.path, operation = %$i.operation, who = %$i.who,
+            version = %$i.version, created = %$i.created, $($field)*
+        )
+    };
+    ($r:expr, $($field:tt)*) => {
+        tracing::warn!(
+            record = %$r.path.display(), run = %$r.rec.run_id, owner = %$r.rec.owner.name,
+            incarnation = %$r.rec.owner.incarnation(), pod_uid = ?$r.rec.owner.pod_uid,
+            expected_who = %$r.rec.who, workdir = %$r.rec.workdir, workspace = %$r.rec.workspace,
+            subcommand = %$r.rec.subcommand, argv = ?$r.rec.argv, started_ms = $r.rec.started_ms,
+            ended = ?$r.rec.ended, orphan_candidates = ?$r.rec.in_progress, dry_run = $r.dry_run,
+            $($field)*
+        )
+    };
+}
+
+/// The sentence naming the resources a dead run may have left outside the state, if any.
+fn orphan_hint(orphans: &[String]) -> String {
+    if orphans.is_empty() {
+        return String::new();
+    }
+    format!(
+        ". Resources that may exist outside the state (their create, update or destroy started and never completed): check them and import or delete: {}",
+        orphans.join(", ")
+    )
+}
+
+/// One record's outcome, to log: which run is over and why (`base`), and the orphan candidates
+/// it may have left (`hint`).
+struct Report<'a> {
+    base: String,
+    hint: String,
+    path: &'a Path,
+    rec: &'a Record,
+    dry_run: bool,
+}
+
+impl Report<'_> {
+    /// The lock was probed: the dead run's (unlocked), someone else's, or either.
+    fn lock(&self, i: &LockInfo, outcome: &Outcome) {
+        let (base, hint) = (&self.base, &self.hint);
+        match outcome {
+            Outcome::Unlocked(_) => warn_record!(
+                self, lock i, info = %i.info,
+                "{base}: {} its state lock {} (Who {}, Created {}){hint}",
+                if self.dry_run { "would force-unlock" } else { "force-unlocked" },
+                i.id, i.who, i.created
+            ),
+            Outcome::HeldByOther(_, why) => warn_record!(
+                self, lock i,
+                "{base}: the state lock is not the dead run's ({why}): left alone{hint}"
+            ),
+            Outcome::Ambiguous(_, why) => warn_record!(
+                self, lock i,
+                "{base}: the state lock may not be the dead run's ({why}): left alone, record kept{hint}"
+            ),
+            _ => {}
+        }
+    }
+
+    /// Nothing was at stake (no orphan candidates): the lock is free, or ends with its process
+    /// (`backend`).
+    fn released(&self, backend: Option<&str>) {
+        let (base, path) = (&self.base, self.path.display());
+        match backend {
+            None => {
+                tracing::info!(record = %path, "{base}: the state lock is free; record removed")
+            }
+            Some(b) => tracing::info!(
+                record = %path, backend = %b,
+                "{base}: the {b} backend's lock ends with its process; record removed"
+            ),
+        }
+    }
+
+    /// Records removed with orphan candidates, set aside for a person, or left as they were.
+    fn untouched(&self, outcome: &Outcome) {
+        let (base, hint) = (&self.base, &self.hint);
+        match outcome {
+            Outcome::Free => {
+                warn_record!(self, "{base}: the state lock is free; record removed{hint}")
+            }
+            Outcome::NothingToRelease(b) => warn_record!(
+                self, backend = %b,
+                "{base}: the {b} backend's lock ends with its process; record removed{hint}"
+            ),
+            Outcome::Unsupported(b) => warn_record!(
+                self, backend = %b,
+                "{base}: automatic recovery is not supported for the {b} backend (its force-unlock deletes any lock, whoever holds it); if terraform reports the lock held by {}, release it by hand with `terraform force-unlock`; record renamed to *.manual{hint}",
+                self.rec.who
+            ),
+            Outcome::Unknown(msg) => warn_record!(
+                self, probe = %msg,
+                "{base}: could not read the state lock; nothing touched, will try again before the next run"
+            ),
+            Outcome::UnlockFailed(msg) => warn_record!(
+                self, error = %msg,
+                "{base}: force-unlock failed; record kept, will try again before the next run"
+            ),
+            _ => {}
+        }
+    }
+
+    /// The dead run holds the lock, and only a person can release it.
+    fn needs_person(&self, i: &LockInfo, command: &str) {
+        let (base, hint, rec) = (&self.base, &self.hint, self.rec);
+        tracing::error!(
+            record = %self.path.display(), run = %rec.run_id, owner = %rec.owner.name,
+            incarnation = %rec.owner.incarnation(), expected_who = %rec.who,
+            workdir = %rec.workdir, workspace = %rec.workspace, subcommand = %rec.subcommand,
+            lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
+            created = %i.created, command = %command, dry_run = self.dry_run,
+            "{base}: the dead run holds the state lock {} (Who {}, Operation {}, Created {}) but terraform cannot load workspace {}'s state, which does not exist (the run died between taking the lock and writing the first state, or the state was deleted), so no force-unlock can release it: a person must. Release it with: {command} ; then run `tfinit recover`. Workspace {} has no state: if the run created resources, restore the state or import them before the next apply creates them again. Record kept (needs_person){hint}",
+            i.id, i.who, i.operation, i.created, rec.workspace, rec.workspace
+        )
+    }
 }
 
 /// One recovery pass.
@@ -261,7 +387,7 @@ impl Recovery {
                             owner = %o.name, incarnation = %o.incarnation(),
                             ttl_seconds = self.ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
                             "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for TFINIT_OWNER_TTL ({}) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
-                            left.as_secs_f64(), o.name, o.incarnation(), crate::config::fmt_duration(self.ttl)
+                            left.as_secs_f64(), o.name, o.incarnation(), fmt_duration(self.ttl)
                         );
                     }
                 }
@@ -276,7 +402,7 @@ impl Recovery {
     /// One read of `owner`'s heartbeat, fed to `observer`.
     fn read_beat(&self, observer: &mut Observer, owner: &Owner) {
         let started = Instant::now();
-        let token = self.store.read_heartbeat(owner).map(|h| h.token());
+        let token = self.store.read_heartbeat(owner).map(|h| Token::of(&h));
         observer.saw(&owner.key(), token, started, Instant::now());
     }
 
@@ -298,14 +424,14 @@ impl Recovery {
     fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
         let facts = Facts::of(rec);
         if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
-            return super::run_state(&self.me, &facts, None, Verdict::Alive);
+            return run_state(&self.me, &facts, None, Verdict::Alive);
         }
         let kernel = self.kernel(&rec.owner);
         if kernel.is_none() {
             self.read_beat(observer, &rec.owner);
         }
         let verdict = observer.verdict(&rec.owner.key(), Instant::now());
-        super::run_state(&self.me, &facts, kernel, verdict)
+        run_state(&self.me, &facts, kernel, verdict)
     }
 
     fn one(
@@ -325,7 +451,7 @@ impl Recovery {
         }
         let workdir = Path::new(&rec.workdir);
         let backend = backend_type(workdir);
-        let data_dir = data_dir(workdir);
+        let data_dir = run_data_dir(workdir);
         let outcome = match backend.as_deref() {
             // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
             // runs, in a fresh working directory): the backend is unknown, not local.
@@ -376,91 +502,32 @@ impl Recovery {
 
     /// Logs one outcome at warn (info when nothing was at stake), with the record's every field.
     fn report(&self, path: &Path, rec: &Record, why_dead: &str, outcome: &Outcome) {
-        let orphans = &rec.in_progress;
-        let base = format!(
-            "run {} of {} ({}) `terraform {}` in {} (workspace {}) started at {} ms is over: {why_dead}",
-            rec.run_id,
-            rec.owner.name,
-            rec.owner.incarnation(),
-            rec.argv.join(" "),
-            rec.workdir,
-            rec.workspace,
-            rec.started_ms,
-        );
-        let orphan_hint = if orphans.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ". Resources that may exist outside the state (their create, update or destroy started and never completed): check them and import or delete: {}",
-                orphans.join(", ")
-            )
+        let r = Report {
+            base: format!(
+                "run {} of {} ({}) `terraform {}` in {} (workspace {}) started at {} ms is over: {why_dead}",
+                rec.run_id,
+                rec.owner.name,
+                rec.owner.incarnation(),
+                rec.argv.join(" "),
+                rec.workdir,
+                rec.workspace,
+                rec.started_ms,
+            ),
+            hint: orphan_hint(&rec.in_progress),
+            path,
+            rec,
+            dry_run: self.dry_run,
         };
-        macro_rules! warn_record {
-            ($($field:tt)*) => {
-                tracing::warn!(
-                    record = %path.display(), run = %rec.run_id, owner = %rec.owner.name,
-                    incarnation = %rec.owner.incarnation(), pod_uid = ?rec.owner.pod_uid,
-                    expected_who = %rec.who, workdir = %rec.workdir, workspace = %rec.workspace,
-                    subcommand = %rec.subcommand, argv = ?rec.argv, started_ms = rec.started_ms,
-                    ended = ?rec.ended, orphan_candidates = ?orphans, dry_run = self.dry_run,
-                    $($field)*
-                )
-            };
-        }
+        let quiet = rec.in_progress.is_empty();
         match outcome {
-            Outcome::Unlocked(i) => warn_record!(
-                lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
-                version = %i.version, created = %i.created, info = %i.info,
-                "{base}: {} its state lock {} (Who {}, Created {}){orphan_hint}",
-                if self.dry_run { "would force-unlock" } else { "force-unlocked" },
-                i.id, i.who, i.created
-            ),
-            Outcome::HeldByOther(i, why) => warn_record!(
-                lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
-                version = %i.version, created = %i.created,
-                "{base}: the state lock is not the dead run's ({why}): left alone{orphan_hint}"
-            ),
-            Outcome::Ambiguous(i, why) => warn_record!(
-                lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
-                version = %i.version, created = %i.created,
-                "{base}: the state lock may not be the dead run's ({why}): left alone, record kept{orphan_hint}"
-            ),
-            Outcome::Free if orphans.is_empty() => tracing::info!(
-                record = %path.display(), "{base}: the state lock is free; record removed"
-            ),
-            Outcome::Free => {
-                warn_record!("{base}: the state lock is free; record removed{orphan_hint}")
+            Outcome::Unlocked(i) | Outcome::HeldByOther(i, _) | Outcome::Ambiguous(i, _) => {
+                r.lock(i, outcome)
             }
-            Outcome::NothingToRelease(b) => {
-                if orphans.is_empty() {
-                    tracing::info!(record = %path.display(), backend = %b, "{base}: the {b} backend's lock ends with its process; record removed")
-                } else {
-                    warn_record!(backend = %b, "{base}: the {b} backend's lock ends with its process; record removed{orphan_hint}")
-                }
-            }
-            Outcome::Unsupported(b) => warn_record!(
-                backend = %b,
-                "{base}: automatic recovery is not supported for the {b} backend (its force-unlock deletes any lock, whoever holds it); if terraform reports the lock held by {}, release it by hand with `terraform force-unlock`; record renamed to *.manual{orphan_hint}",
-                rec.who
-            ),
-            Outcome::Unknown(msg) => warn_record!(
-                probe = %msg,
-                "{base}: could not read the state lock; nothing touched, will try again before the next run"
-            ),
-            Outcome::UnlockFailed(msg) => warn_record!(
-                error = %msg,
-                "{base}: force-unlock failed; record kept, will try again before the next run"
-            ),
-            Outcome::NeedsPerson(i, command) => tracing::error!(
-                record = %path.display(), run = %rec.run_id, owner = %rec.owner.name,
-                incarnation = %rec.owner.incarnation(), expected_who = %rec.who,
-                workdir = %rec.workdir, workspace = %rec.workspace, subcommand = %rec.subcommand,
-                lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
-                created = %i.created, command = %command, dry_run = self.dry_run,
-                "{base}: the dead run holds the state lock {} (Who {}, Operation {}, Created {}) but terraform cannot load workspace {}'s state, which does not exist (the run died between taking the lock and writing the first state, or the state was deleted), so no force-unlock can release it: a person must. Release it with: {command} ; then run `tfinit recover`. Workspace {} has no state: if the run created resources, restore the state or import them before the next apply creates them again. Record kept (needs_person){orphan_hint}",
-                i.id, i.who, i.operation, i.created, rec.workspace, rec.workspace
-            ),
+            Outcome::Free if quiet => r.released(None),
+            Outcome::NothingToRelease(b) if quiet => r.released(Some(b)),
+            Outcome::NeedsPerson(i, command) => r.needs_person(i, command),
             Outcome::OwnerAlive | Outcome::WaitingForPerson => {}
+            _ => r.untouched(outcome),
         }
     }
 
@@ -563,7 +630,7 @@ impl Recovery {
             .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name));
         Window {
             not_before_ms: rec.started_ms.saturating_sub(skew),
-            not_after_ms: super::last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
+            not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
                 .saturating_add(skew),
             live_same_who: twin.or_else(|| {
                 self.live
@@ -676,18 +743,15 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// terraform's data directory of `workdir`: `.terraform`, or $TF_DATA_DIR.
-fn data_dir(workdir: &Path) -> PathBuf {
-    let dir = std::env::var_os("TF_DATA_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(".terraform"));
-    workdir.join(dir)
+/// terraform's data directory of `workdir` for this process, which runs with the run's environment
+/// (its TF_DATA_DIR).
+fn run_data_dir(workdir: &Path) -> PathBuf {
+    data_dir(workdir, std::env::var_os("TF_DATA_DIR").as_deref())
 }
 
 /// `.terraform/terraform.tfstate` (or under $TF_DATA_DIR) of `workdir`, parsed.
 fn backend_file(workdir: &Path) -> Option<serde_json::Value> {
-    let file = data_dir(workdir).join("terraform.tfstate");
+    let file = run_data_dir(workdir).join("terraform.tfstate");
     let mut bytes = Vec::new();
     fs::File::open(file)
         .ok()?
@@ -911,7 +975,7 @@ mod tests {
         r.updated_ms = t0;
         let facts = Facts::of(&r);
         // No heartbeat: only the record's last write, plus one TTL.
-        assert_eq!(crate::locks::last_alive_ms(&facts, None, ttl), t0 + 30_000);
+        assert_eq!(last_alive_ms(&facts, None, ttl), t0 + 30_000);
         // Its own heartbeat: the last beat plus one TTL.
         let hb = record::Heartbeat {
             v: record::HEARTBEAT_FORMAT,
@@ -920,10 +984,7 @@ mod tests {
             updated_ms: t0 + 20_000,
             holds_lock: true,
         };
-        assert_eq!(
-            crate::locks::last_alive_ms(&facts, Some(&hb), ttl),
-            t0 + 50_000
-        );
+        assert_eq!(last_alive_ms(&facts, Some(&hb), ttl), t0 + 50_000);
         // Another incarnation's heartbeat says nothing about this one.
         let other = record::Heartbeat {
             owner: Owner {
@@ -932,19 +993,13 @@ mod tests {
             },
             ..hb.clone()
         };
-        assert_eq!(
-            crate::locks::last_alive_ms(&facts, Some(&other), ttl),
-            t0 + 30_000
-        );
+        assert_eq!(last_alive_ms(&facts, Some(&other), ttl), t0 + 30_000);
         // Seen dying: exactly then.
         let mut ended = r.clone();
         ended.ended = Some(Ended {
             ms: t0 + 900,
             how: "killed by SIGKILL".into(),
         });
-        assert_eq!(
-            crate::locks::last_alive_ms(&Facts::of(&ended), Some(&hb), ttl),
-            t0 + 900
-        );
+        assert_eq!(last_alive_ms(&Facts::of(&ended), Some(&hb), ttl), t0 + 900);
     }
 }

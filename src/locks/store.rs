@@ -23,45 +23,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::fcntl::{fcntl, FcntlArg, Flock, FlockArg, OFlag};
 use serde::{Deserialize, Serialize};
 
+use super::names::valid_owner;
 use super::record::{
     age, now_ms, parse_record, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
     MAX_FILE,
 };
-
-/// The longest file name Linux file systems take (NAME_MAX: ext4, xfs, tmpfs, overlayfs, NFS).
-const NAME_MAX: usize = 255;
-/// Decimal digits of the largest u64 (`18446744073709551615`).
-const U64_DIGITS: usize = 20;
-/// Decimal digits of the largest u32.
-const U32_DIGITS: usize = 10;
-/// Characters of the longest i32 (`-2147483648`): a record read back may carry any pid, and a
-/// recovery writes such a record under its own name (`needs_person`).
-const I32_CHARS: usize = 11;
-/// `Owner::incarnation`: `<8 hex of the boot id, or noboot>-<started_ms>-<pid>`.
-const INCARNATION_MAX: usize = 8 + 1 + U64_DIGITS + 1 + I32_CHARS;
-/// A run id: `r<u64>` (`record::valid_run_id`).
-const RUN_ID_MAX: usize = 1 + U64_DIGITS;
-/// [`unique_suffix`]: `<pid u32>.<ms u64>.<nanoseconds < 10^9>.<counter u64>`.
-const SUFFIX_MAX: usize = U32_DIGITS + 1 + U64_DIGITS + 1 + 9 + 1 + U64_DIGITS;
-/// What [`temp_path`] adds to a name: `.<name>.tmp.<suffix>`.
-const TEMP_EXTRA: usize = 1 + ".tmp.".len() + SUFFIX_MAX;
-/// What [`FileStore::path_of`] adds to the owner name: `<owner>.<incarnation>.<run>.json`.
-const RECORD_EXTRA: usize = 1 + INCARNATION_MAX + 1 + RUN_ID_MAX + ".json".len();
-
-/// The longest owner name (TFINIT_OWNER) whose every file fits in [`NAME_MAX`] bytes; config.rs
-/// refuses a longer one at start. The longest name tfinit writes is a record's temporary file:
-///
-/// ```text
-/// incarnation  <boot>-<started_ms>-<pid>        8 + 1 + 20 + 1 + 11               = 41
-/// record       <owner>.<incarnation>.r<run>.json  owner + 1 + 41 + 1 + 21 + 5       = owner + 69
-/// suffix       <pid>.<ms>.<ns>.<n>               10 + 1 + 20 + 1 + 9 + 1 + 20      = 62
-/// temporary    .<record>.tmp.<suffix>            1 + (owner + 69) + 5 + 62         = owner + 137
-/// set aside    <record minus .json>.json.corrupt                                    = owner + 77
-/// heartbeat    owners/<owner>.<incarnation>.json or .lock: owner + 47; temporary   = owner + 115
-/// ```
-///
-/// so 255 - 137 = 118 bytes.
-pub const MAX_OWNER_LEN: usize = NAME_MAX - RECORD_EXTRA - TEMP_EXTRA;
 
 /// The file `recover.lock` in the state directory: flock of one recovery at a time.
 const RECOVER_LOCK: &str = "recover.lock";
@@ -389,7 +355,7 @@ impl Store for FileStore {
     }
 
     fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
-        if !crate::config::valid_owner(&owner.name) {
+        if !valid_owner(&owner.name) {
             return None;
         }
         let read = |file: String| -> Option<Heartbeat> {
@@ -1103,6 +1069,9 @@ mod temp_file_tests {
 #[cfg(test)]
 mod bad_entry_tests {
     use super::*;
+    use crate::locks::names::{
+        owner_problem, valid_run_id, INCARNATION_MAX, MAX_OWNER_LEN, NAME_MAX, SUFFIX_MAX,
+    };
     use crate::locks::record::{sample, OMITTED_MARK};
     use std::sync::mpsc;
 
@@ -1421,8 +1390,8 @@ mod bad_entry_tests {
             "the arithmetic in MAX_OWNER_LEN's comment"
         );
         let name = "o".repeat(MAX_OWNER_LEN);
-        assert_eq!(crate::config::owner_problem(&name), None);
-        let refused = crate::config::owner_problem(&format!("{name}o")).unwrap();
+        assert_eq!(owner_problem(&name), None);
+        let refused = owner_problem(&format!("{name}o")).unwrap();
         assert!(
             refused.contains("119") && refused.contains("118"),
             "{refused}"
@@ -1439,7 +1408,7 @@ mod bad_entry_tests {
         assert_eq!(owner.incarnation().len(), INCARNATION_MAX);
         let mut rec = sample(&owner);
         rec.run_id = format!("r{}", u64::MAX);
-        assert!(crate::locks::record::valid_run_id(&rec.run_id));
+        assert!(valid_run_id(&rec.run_id));
         let store = FileStore::new(Path::new("/state"));
         let record = store.path_of(&rec);
         let suffix = suffix_of(u32::MAX, u64::MAX, 999_999_999, u64::MAX);

@@ -26,7 +26,7 @@ pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// A tfinit running as PID 1, its controller a `helper signals` that exits on SIGTERM.
-pub struct Init {
+pub struct HelperInit {
     pub child: Child,
     /// tfinit's pid as this test sees it.
     pub pid: i32,
@@ -81,8 +81,8 @@ pub fn terraform_children_of(pid: i32) -> usize {
 
 pub use crate::common::status_kib;
 
-impl Init {
-    pub fn start(tmp: &TempDir, setup: Setup<'_>) -> Init {
+impl HelperInit {
+    pub fn start(tmp: &TempDir, setup: Setup<'_>) -> HelperInit {
         let run_dir = setup
             .run_dir
             .map(Path::to_path_buf)
@@ -133,7 +133,7 @@ impl Init {
         let mut child = l.spawn();
         let (stderr, reader) = Captured::collect(child.stderr.take().unwrap());
         let pid = launch::host_pid(As::Pid1, &child, Duration::from_secs(60));
-        let init = Init {
+        let init = HelperInit {
             child,
             pid,
             stderr,
@@ -202,7 +202,7 @@ impl Init {
     }
 
     pub fn socket(&self) -> PathBuf {
-        self.run_dir.join("tfinit.sock")
+        tfinit::config::socket_path(&self.run_dir)
     }
 
     /// `terraform ARGS` through the shim (the fake terraform behind it), from outside the
@@ -271,7 +271,7 @@ impl Init {
     }
 }
 
-impl Drop for Init {
+impl Drop for HelperInit {
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();

@@ -1,7 +1,7 @@
 //! The one way the tests start tfinit as an init (issue 14): PID 1 of a new PID namespace, as in
 //! a container, or a plain child subreaper of the test ([`As`]). Every harness builds on
-//! [`Launch`]: the PID-1 tests' `pid1_init`, the shim tests' `shim::Init`, the load and bad-input
-//! tests' `helper_init`, the slow fixture's `Init` (shutdown, drain, storage) and the pods of
+//! [`Launch`]: the PID-1 tests' `pid1_init`, the shim tests' `shim::ShimInit`, the load and bad-input
+//! tests' `helper_init`, the slow fixture's `SlowInit` (shutdown, drain, storage) and the pods of
 //! `pods` (locks, records, kubernetes). The Docker tests give `docker run` the same [`Config`].
 //!
 //! What it decides, once for all of them: the test's inherited `TFINIT_*`/`TF_*` variables never

@@ -27,7 +27,7 @@ pub fn both() -> Vec<As> {
 }
 
 /// A running tfinit with its output collected in the background.
-pub struct Init {
+pub struct Pid1Init {
     pub how: As,
     pub child: Child,
     /// tfinit's pid as the host (this test) sees it, found when first needed (a short-lived
@@ -63,13 +63,13 @@ pub fn launch(how: As, tmp: &TempDir, args: &[&OsStr]) -> Launch {
 }
 
 /// Starts tfinit as `l` says, its output collected; its host pid is found when first needed.
-pub fn start_launch(mut l: Launch) -> Init {
+pub fn start_launch(mut l: Launch) -> Pid1Init {
     l.stdout = Out::Piped;
     l.stderr = Out::Piped;
     let mut child = l.spawn();
     let (out, h1) = Captured::collect(child.stdout.take().unwrap());
     let (err, h2) = Captured::collect(child.stderr.take().unwrap());
-    Init {
+    Pid1Init {
         how: l.how,
         child,
         pid: std::cell::OnceCell::new(),
@@ -80,13 +80,13 @@ pub fn start_launch(mut l: Launch) -> Init {
 }
 
 /// Starts `tfinit [env] -- ARGS` run `how`.
-pub fn start(how: As, tmp: &TempDir, env: &[(&str, &str)], args: &[&OsStr]) -> Init {
+pub fn start(how: As, tmp: &TempDir, env: &[(&str, &str)], args: &[&OsStr]) -> Pid1Init {
     let mut l = launch(how, tmp, args);
     l.config = l.config.with(env);
     start_launch(l)
 }
 
-impl Init {
+impl Pid1Init {
     /// tfinit's host pid: the child we started, or under unshare --fork, unshare's child once it
     /// has exec'd tfinit.
     pub fn pid(&self) -> i32 {
@@ -239,7 +239,7 @@ pub fn start_signals(
     tmp: &TempDir,
     env: &[(&str, &str)],
     extra: &[&str],
-) -> (Init, PathBuf, i32, i32) {
+) -> (Pid1Init, PathBuf, i32, i32) {
     let out = tmp.join("signals.out");
     let mut args: Vec<&OsStr> = vec![
         os("--"),

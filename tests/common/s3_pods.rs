@@ -32,16 +32,16 @@ pub fn have_deps() -> bool {
 }
 
 /// A test's world: one moto, one terraform working directory (initialised), a shared state dir.
-pub struct World {
+pub struct S3World {
     pub place: Place,
     pub moto: Moto,
 }
 
-impl World {
-    pub fn new(name: &str) -> World {
+impl S3World {
+    pub fn new(name: &str) -> S3World {
         let place = Place::new(name, Some("s3"), TTL);
         let moto = Moto::start();
-        let w = World { place, moto };
+        let w = S3World { place, moto };
         let out = w.terraform(&[
             "init",
             "-input=false",
@@ -103,7 +103,7 @@ impl World {
     }
 }
 
-impl std::ops::Deref for World {
+impl std::ops::Deref for S3World {
     type Target = Place;
     fn deref(&self) -> &Place {
         &self.place
@@ -112,7 +112,12 @@ impl std::ops::Deref for World {
 
 /// Starts pod-a's apply and waits until it holds the lock with null_resource.a creating (b done,
 /// c not started) and its record says so.
-pub fn pod_a_mid_apply(w: &World, name: &str, uid: Option<u32>, json_output: bool) -> (Pod, Value) {
+pub fn pod_a_mid_apply(
+    w: &S3World,
+    name: &str,
+    uid: Option<u32>,
+    json_output: bool,
+) -> (Pod, Value) {
     let mut flags = String::from("-var=token=hunter2");
     if json_output {
         flags.push_str(" -json");
@@ -136,6 +141,6 @@ pub fn pod_a_mid_apply(w: &World, name: &str, uid: Option<u32>, json_output: boo
 }
 
 /// `tfinit recover ARGS` by hand, its output.
-pub fn recover_by_hand(w: &World, args: &[&str]) -> String {
+pub fn recover_by_hand(w: &S3World, args: &[&str]) -> String {
     text(&pods::recover_by_hand(w, args, &[]))
 }

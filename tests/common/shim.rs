@@ -1,5 +1,5 @@
 //! The shim tests' harness (tests/shim_*.rs): tfinit as PID 1 of a PID namespace
-//! ([`Init`]), processes whose output is collected as it comes ([`Running`]), terraform run
+//! ([`ShimInit`]), processes whose output is collected as it comes ([`Running`]), terraform run
 //! through the shim or directly in the same environment ([`Tf`]), and readers of state, logs and
 //! /proc. See tests/shim_survival.rs for how the shim tests are set up.
 
@@ -99,7 +99,7 @@ pub fn run(cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Output {
 }
 
 /// tfinit as PID 1 of a new PID namespace, its stdout and stderr (the log, at debug) collected.
-pub struct Init {
+pub struct ShimInit {
     pub unshare: Child,
     /// tfinit's pid as seen from the test (1 inside its namespace).
     pub pid: i32,
@@ -110,7 +110,7 @@ pub struct Init {
     pub status: Option<ExitStatus>,
 }
 
-impl Init {
+impl ShimInit {
     /// Starts `tfinit -- CONTROLLER` in `cwd` with `env` added; the default controller waits for
     /// SIGTERM and exits 0. Returns once the control socket answers `tfinit status`.
     pub fn start(
@@ -118,7 +118,7 @@ impl Init {
         cwd: &Path,
         env: &[(&str, String)],
         controller: Option<Vec<String>>,
-    ) -> Init {
+    ) -> ShimInit {
         let run_dir = tmp.join("run");
         let state_dir = tmp.join("state");
         std::fs::create_dir_all(&state_dir).unwrap();
@@ -142,7 +142,7 @@ impl Init {
         let (out, h1) = Captured::collect(unshare.stdout.take().unwrap());
         let (log, h2) = Captured::collect(unshare.stderr.take().unwrap());
         let pid = launch::host_pid(As::Pid1, &unshare, SHORT);
-        let init = Init {
+        let init = ShimInit {
             unshare,
             pid,
             run_dir,
@@ -281,7 +281,7 @@ impl Init {
     }
 }
 
-impl Drop for Init {
+impl Drop for ShimInit {
     fn drop(&mut self) {
         if self.status.is_none() {
             // SIGKILL of unshare; --kill-child takes the whole namespace with it.
@@ -386,7 +386,7 @@ pub fn init_workspace(tf: &Tf, work: &Path, plugin_dir: &str) {
 /// A real apply of the `slow` fixture running through the shim, its provisioner started.
 pub struct SlowApply {
     pub tmp: TempDir,
-    pub init: Init,
+    pub init: ShimInit,
     pub tf: Tf,
     pub work: PathBuf,
     pub apply: Running,
@@ -397,7 +397,7 @@ pub struct SlowApply {
 pub fn slow_apply_through_the_shim(shape: Shape, name: &str) -> Option<SlowApply> {
     let (bin, plugin_dir) = real_terraform()?;
     let tmp = TempDir::new(name);
-    let init = Init::start(&tmp, &tmp.0, &[], None);
+    let init = ShimInit::start(&tmp, &tmp.0, &[], None);
     let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
     let work = fixture("slow", &tmp.join("work"));
     init_workspace(&tf, &work, &plugin_dir);
@@ -542,9 +542,9 @@ pub fn gone(pid: i32) -> bool {
 }
 
 /// A fake-terraform setup: the init, a Tf running the helper as `terraform`, and its log file.
-pub fn fake_setup(name: &str, init_env: &[(&str, String)]) -> (TempDir, Init, Tf) {
+pub fn fake_setup(name: &str, init_env: &[(&str, String)]) -> (TempDir, ShimInit, Tf) {
     let tmp = TempDir::new(name);
-    let init = Init::start(&tmp, &tmp.0, init_env, None);
+    let init = ShimInit::start(&tmp, &tmp.0, init_env, None);
     let fake = common::fake_terraform_dir(&tmp);
     let tf = Tf::new(&tmp, &init.run_dir, &fake, &[]);
     (tmp, init, tf)

@@ -1,0 +1,139 @@
+//! What the concerns ask for. Each concern (runs, connections, records, the timeline, reaping)
+//! answers an input with [`Action`]s instead of doing anything itself; the loop carries them out
+//! in one place (`Init::apply`, supervisor.rs) and feeds what came of them back as inputs.
+
+use std::path::PathBuf;
+
+use nix::unistd::Pid;
+
+use super::reaping::Child;
+use super::spawn::RecoveryArgs;
+use super::token::ConnId;
+use crate::locks::names::RunId;
+use crate::locks::recorder::Request;
+use crate::protocol::{self, ExitNote};
+
+/// Something the loop must do.
+#[derive(Debug)]
+pub(super) enum Action {
+    /// Ties connection `conn` to run `run`: its output and exit note go there, and its hang-up
+    /// abandons the run.
+    Attach {
+        /// The shim's connection.
+        conn: ConnId,
+        /// Its run.
+        run: RunId,
+    },
+    /// Answers `conn` with an exit note; it closes once that is written.
+    Answer {
+        /// The shim's connection.
+        conn: ConnId,
+        /// What it exits with, and why.
+        note: ExitNote,
+    },
+    /// Starts terraform for a run waiting in `Life::Launching` (its request is there).
+    Spawn(RunId),
+    /// Starts the lock-recovery helper of a run waiting in `Life::Recovering`.
+    Recover {
+        /// The run.
+        run: RunId,
+        /// What the helper is given besides the run's request.
+        args: Box<RecoveryArgs>,
+    },
+    /// A new child of ours: whose it is, for when it is reaped.
+    Adopt {
+        /// Its pid.
+        pid: Pid,
+        /// Whose it is.
+        child: Child,
+    },
+    /// Puts a run's output pipes in the epoll set (terraform just started).
+    Watch(RunId),
+    /// Reads a paused run's pipes again (its shim caught up, or left).
+    Resume(RunId),
+    /// Reads what is left in a run's pipes and closes them (terraform exited a while ago).
+    Drain(RunId),
+    /// terraform's one graceful SIGTERM, to its own pid.
+    Term {
+        /// The terraform.
+        to: Named,
+        /// Why, for the log.
+        reason: &'static str,
+    },
+    /// SIGKILL to a run's process group, unless it is empty already.
+    KillGroup {
+        /// The terraform whose group it is.
+        to: Named,
+        /// Why, for the log.
+        reason: &'static str,
+        /// The resources it had in progress, for the log.
+        in_progress: Option<Vec<String>>,
+    },
+    /// SIGKILL to what a terraform that exited left in its process group.
+    KillLeftovers {
+        /// The run.
+        run: RunId,
+        /// Its process group.
+        pgid: Pid,
+        /// Whether this happens because the run was being stopped (then logged).
+        stopping: bool,
+    },
+    /// SIGKILL to a recovery helper's process group.
+    KillHelper(Pid),
+    /// Storage work for the recorder thread.
+    Record(Request),
+}
+
+/// A started terraform, as the log lines of the signals sent to it name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Named {
+    /// Its run.
+    pub(super) run: RunId,
+    /// terraform's pid, also its process group's id.
+    pub(super) pid: Pid,
+    /// The shim's working directory.
+    pub(super) cwd: PathBuf,
+    /// The terraform subcommand.
+    pub(super) subcommand: String,
+}
+
+/// Why a run is refused before terraform starts. The shim exits 75 ("try again later") with the
+/// one message [`Refusal::answer`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// `tfinit drain`.
+    Draining,
+    /// The shutdown timeline runs.
+    ShuttingDown,
+    /// This owner's heartbeat does not land, so its runs with records are being stopped.
+    Fenced,
+}
+
+impl Refusal {
+    /// What the init is, as the refusal says it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Draining => "draining (tfinit drain; `tfinit resume` accepts runs again)",
+            Refusal::ShuttingDown => "shutting down (the container is stopping)",
+            Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its runs with records are being stopped)",
+        }
+    }
+
+    /// The answer to `conn` (of run `run`, once it has one): exit code 75, and why.
+    pub(super) fn answer(self, conn: ConnId, run: Option<RunId>) -> Action {
+        let msg = format!(
+            "tfinit: the init is {}: terraform was not started; the controller should retry later (exit code {})",
+            self.as_str(),
+            protocol::EXIT_REFUSED
+        );
+        Action::Answer {
+            conn,
+            note: ExitNote {
+                code: protocol::EXIT_REFUSED,
+                error: Some(msg),
+                run_id: run.map(|r| r.to_string()),
+                ..Default::default()
+            },
+        }
+    }
+}

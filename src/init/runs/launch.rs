@@ -1,0 +1,482 @@
+//! From a shim's request to terraform's start, in one direction:
+//!
+//! 1. [`Runs::request`]: refused while draining or stopping; otherwise a run exists, tied to its
+//!    connection. A run that takes no state lock goes straight to 4.
+//! 2. [`Runs::check_lock`]: a dead run's record in its directory means a lock recovery first
+//!    (once the store is open and this init's own end-markings there are on the volume); the run
+//!    waits in `AwaitingRecords` or `Recovering`.
+//! 3. [`Runs::record_step`]: its lock-owner record is written before terraform exists; the run
+//!    waits in `Recording` until the records say it may start ([`Runs::settled`]).
+//! 4. [`Runs::launch`]: `Launching`, and [`Action::Spawn`]; the loop starts terraform and hands
+//!    the outcome to [`Runs::spawned`], which makes the run `Running`.
+//!
+//! Every wait for the store is bounded by one TFINIT_RECORD_TIMEOUT from the run's first wait.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use nix::unistd::Pid;
+
+use super::super::action::{Action, Refusal};
+use super::super::reaper::Exit;
+use super::super::reaping::Child;
+use super::super::records::{Records, Subject};
+use super::super::shutdown::Phase;
+use super::super::spawn::{RecoveryArgs, StartError, Started};
+use super::super::token::ConnId;
+use super::life::{Helper, Job, Life, Pending, Pipes, Run, Stop};
+use super::Runs;
+use crate::locks::names::RunId;
+use crate::protocol::{self, ExitNote, RunRequest};
+use crate::terraform;
+
+/// The exit code of a run refused because the init could not set up terraform's output safely
+/// (not a shell code: 126/127 mean the program itself could not run).
+const EXIT_SETUP_FAILED: i32 = 125;
+
+impl Runs {
+    /// A shim on `conn` asks for a run: it is refused while draining or stopping (`phase`), or
+    /// it starts on its way to terraform.
+    pub(in crate::init) fn request(
+        &mut self,
+        conn: ConnId,
+        request: RunRequest,
+        stdin: Option<OwnedFd>,
+        phase: Phase,
+        records: &mut Records,
+        now: Instant,
+    ) -> Vec<Action> {
+        if let Some(why) = phase.refusal() {
+            tracing::info!(phase = phase.as_str(), args = ?terraform::redact(&request.args), cwd = %request.cwd, "terraform run refused");
+            return vec![why.answer(conn, None)];
+        }
+        let id = self.next_id();
+        let job = Job::new(id, conn, &request, SystemTime::now());
+        let locking = job.locking();
+        let pending = Pending {
+            request: Box::new(request),
+            stdin,
+        };
+        let mut acts = vec![Action::Attach { conn, run: id }];
+        if locking {
+            // It waits for the store until its lock check says otherwise.
+            let deadline = now + self.record_timeout;
+            let life = Life::AwaitingRecords { pending, deadline };
+            self.table.insert(id, Run { job, life });
+            self.check_lock(id, deadline, records, now, &mut acts);
+        } else {
+            let life = Life::Launching { pending };
+            self.table.insert(id, Run { job, life });
+            self.launch(id, records, &mut acts);
+        }
+        acts
+    }
+
+    /// A state-locking run's first step: when a dead run's record is in its directory, a lock
+    /// recovery runs first (once the store is open and this init's own end-markings there are on
+    /// the volume). `deadline` bounds the run's whole wait for the store (TFINIT_RECORD_TIMEOUT
+    /// from its first wait).
+    fn check_lock(
+        &mut self,
+        id: RunId,
+        deadline: Instant,
+        records: &mut Records,
+        now: Instant,
+        acts: &mut Vec<Action>,
+    ) {
+        let Some(workdir) = self.table.get(&id).map(|r| r.job.workdir.clone()) else {
+            return;
+        };
+        let wait = |pending| Life::AwaitingRecords { pending, deadline };
+        if records.opening() {
+            // Whether a dead run's record is here is known once the recorder has read the store.
+            return self.move_to(id, wait);
+        }
+        if self.recovering_in(&workdir) {
+            // One recovery at a time per directory, and nothing launches there while it runs:
+            // it decided with the live runs it was given. This run checks again after it.
+            tracing::info!(run = %id, workdir = %workdir.display(), "a lock recovery runs in this directory: this run waits for it");
+            return self.move_to(id, wait);
+        }
+        // The records answer from memory (the recorder's last scan): no storage call here.
+        if !records.needs_recovery(&workdir, now) {
+            return self.record_step(id, Some(deadline), records, now, acts);
+        }
+        if !records.may_recover(&workdir) {
+            tracing::info!(run = %id, workdir = %workdir.display(), "a dead run's lock-owner record is here: its lock is checked once this init's own end-markings in this directory are on the state volume");
+            return self.move_to(id, wait);
+        }
+        let (args, watching) = records.recovery(&workdir, now);
+        let helper = Helper::Starting { deadline, watching };
+        self.move_to(id, |pending| Life::Recovering { pending, helper });
+        acts.push(Action::Recover {
+            run: id,
+            args: Box::new(args),
+        });
+    }
+
+    /// `id`'s request, for the loop to start its recovery helper with.
+    pub(in crate::init) fn request_of(&self, id: RunId) -> Option<&RunRequest> {
+        Some(&self.table.get(&id)?.life.pending()?.request)
+    }
+
+    /// The loop tried to start `id`'s recovery helper (with `args`): it runs, or terraform starts
+    /// without it.
+    pub(in crate::init) fn recovery_started(
+        &mut self,
+        id: RunId,
+        args: &RecoveryArgs,
+        started: io::Result<Pid>,
+        records: &mut Records,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut acts = Vec::new();
+        let Some(Run {
+            life: Life::Recovering { helper, .. },
+            ..
+        }) = self.table.get_mut(&id)
+        else {
+            return acts;
+        };
+        let Helper::Starting { deadline, watching } = *helper else {
+            return acts;
+        };
+        match started {
+            Ok(pid) => {
+                if watching {
+                    tracing::info!(run = %id, workdir = %args.workdir.display(), helper = pid.as_raw(), "a lock-owner record of an owner this pod has not watched for TFINIT_OWNER_TTL yet is here: its heartbeat is watched before terraform starts (alive at its next beat, dead after a TTL of none)");
+                } else {
+                    tracing::info!(run = %id, workdir = %args.workdir.display(), helper = pid.as_raw(), "a dead owner's lock-owner record is here: checking the state lock before terraform starts");
+                }
+                *helper = Helper::Running { pid, kill_at: None };
+                acts.push(Action::Adopt {
+                    pid,
+                    child: Child::Recovery(id),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(run = %id, error = %e, "cannot start the lock recovery; terraform starts without it");
+                self.record_step(id, Some(deadline), records, now, &mut acts);
+            }
+        }
+        acts
+    }
+
+    /// A state-locking run's second step: its lock-owner record, on the volume before terraform
+    /// exists (so a kill right after the start leaves it). The run waits in `recording` while
+    /// the recorder writes it, at most TFINIT_RECORD_TIMEOUT; the records say when not to wait.
+    fn record_step(
+        &mut self,
+        id: RunId,
+        deadline: Option<Instant>,
+        records: &mut Records,
+        now: Instant,
+        acts: &mut Vec<Action>,
+    ) {
+        let Some(run) = self.table.get(&id) else {
+            return;
+        };
+        let Some(pending) = run.life.pending() else {
+            return;
+        };
+        let job = &run.job;
+        let subject = Subject {
+            run: id,
+            cwd: &job.cwd,
+            workdir: &job.workdir,
+            workspace: &job.workspace,
+            subcommand: &job.invocation.subcommand,
+            argv: &job.argv,
+            env: &pending.request.env,
+        };
+        match records.begin(subject, now, deadline) {
+            None => self.launch(id, records, acts),
+            Some(create) => {
+                // Waiting first: a recorder found gone while sending starts it at once.
+                self.move_to(id, |pending| Life::Recording { pending });
+                acts.push(Action::Record(create));
+            }
+        }
+    }
+
+    /// The records say a run waiting in `recording` may start (its record landed, failed, or
+    /// timed out).
+    pub(super) fn settled(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
+        if self
+            .table
+            .get(&id)
+            .is_some_and(|r| matches!(r.life, Life::Recording { .. }))
+        {
+            self.launch(id, records, acts);
+        }
+    }
+
+    /// The last step: terraform is started (by the loop), unless the fence refuses the run.
+    fn launch(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
+        if records.fenced(id) {
+            // Its record is on the volume but the heartbeat is not: it would be stopped at once.
+            return self.refuse(id, Refusal::Fenced, records, acts);
+        }
+        self.move_to(id, |pending| Life::Launching { pending });
+        acts.push(Action::Spawn(id));
+    }
+
+    /// `id`'s request, for the loop to start terraform with (its stdin is taken along).
+    pub(in crate::init) fn launching(
+        &mut self,
+        id: RunId,
+    ) -> Option<(&RunRequest, Option<OwnedFd>)> {
+        match &mut self.table.get_mut(&id)?.life {
+            Life::Launching { pending } => Some((&pending.request, pending.stdin.take())),
+            _ => None,
+        }
+    }
+
+    /// The loop tried to start terraform for `id`: it runs, or its shim is told why not.
+    pub(in crate::init) fn spawned(
+        &mut self,
+        id: RunId,
+        started: Result<Started, StartError>,
+        records: &mut Records,
+    ) -> Vec<Action> {
+        let Some(run) = self.table.get_mut(&id) else {
+            return Vec::new();
+        };
+        if !matches!(run.life, Life::Launching { .. }) {
+            return Vec::new();
+        }
+        let started = match started {
+            Ok(s) => s,
+            Err(e) => return self.not_started(id, &e, records),
+        };
+        let job = &run.job;
+        tracing::info!(
+            run = %id, pid = started.pid.as_raw(), cwd = %job.cwd.display(), subcommand = %job.invocation.subcommand,
+            argv = ?job.argv, "terraform started"
+        );
+        run.life = Life::Running {
+            pid: started.pid,
+            pipes: Pipes {
+                stdout: Some(started.stdout),
+                stderr: Some(started.stderr),
+                paused: false,
+            },
+            stop: Stop::None,
+        };
+        vec![
+            Action::Adopt {
+                pid: started.pid,
+                child: Child::Terraform(id),
+            },
+            Action::Watch(id),
+        ]
+    }
+
+    /// terraform could not be started for `id` (`e`): the run is over, and its shim gets the
+    /// shell's code (127 not found, 126 not executable) or 75 when resources ran out.
+    fn not_started(&mut self, id: RunId, e: &StartError, records: &mut Records) -> Vec<Action> {
+        let Some(req) = self.request_of(id) else {
+            return Vec::new();
+        };
+        let (code, hint) = start_failure(e);
+        let msg = format!(
+            "tfinit: cannot start {:?} in {:?}: {e}{hint}",
+            req.program, req.cwd
+        );
+        tracing::warn!(run = %id, "{msg}");
+        let Some(run) = self.table.remove(&id) else {
+            return Vec::new();
+        };
+        let mut acts: Vec<Action> = records
+            .exited(id, None, Vec::new())
+            .map(Action::Record)
+            .into_iter()
+            .collect();
+        if let Some(conn) = run.job.conn {
+            let note = ExitNote {
+                code,
+                error: Some(msg),
+                run_id: Some(id.to_string()),
+                ..Default::default()
+            };
+            acts.push(Action::Answer { conn, note });
+        }
+        acts
+    }
+
+    /// The one way a run that has not started is refused: it is over (its record, landed or in
+    /// flight, is removed) and its shim, if still there, is told why (exit code 75).
+    fn refuse(&mut self, id: RunId, why: Refusal, records: &mut Records, acts: &mut Vec<Action>) {
+        let Some(run) = self.table.remove(&id) else {
+            return;
+        };
+        match why {
+            Refusal::Fenced => {
+                tracing::warn!(run = %id, "terraform run refused before it started: {}", why.as_str())
+            }
+            Refusal::Draining | Refusal::ShuttingDown => {
+                tracing::info!(run = %id, state = run.life.as_str(), reason = why.as_str(), "terraform run refused before it started")
+            }
+        }
+        if let Some(r) = records.exited(id, None, Vec::new()) {
+            acts.push(Action::Record(r));
+        }
+        if let Some(conn) = run.job.conn {
+            acts.push(why.answer(conn, Some(id)));
+        }
+    }
+
+    /// The init stopped accepting runs (shutdown, drain): every run that has not started because
+    /// it waits for the store is refused; its record, if it lands later, is removed.
+    pub(in crate::init) fn refuse_waiting(
+        &mut self,
+        why: Refusal,
+        records: &mut Records,
+    ) -> Vec<Action> {
+        let waiting: Vec<RunId> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.waits_for_store())
+            .map(|(id, _)| *id)
+            .collect();
+        let mut acts = Vec::new();
+        for id in waiting {
+            self.refuse(id, why, records, &mut acts);
+        }
+        acts
+    }
+
+    /// A run's lock recovery ended: the recorder rescans (the table counts in that directory
+    /// again once scanned after it), and the run goes on to its record, unless its shim is gone
+    /// or the init stopped accepting runs meanwhile (then it is refused like a new run). Runs
+    /// that waited for this recovery check their lock again.
+    pub(in crate::init) fn recovery_exited(
+        &mut self,
+        id: RunId,
+        exit: Exit,
+        refusal: Option<Refusal>,
+        records: &mut Records,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut acts = Vec::new();
+        let Some(run) = self.table.get(&id).filter(|r| r.recovering()) else {
+            return acts;
+        };
+        tracing::info!(run = %id, %exit, "lock recovery finished");
+        let conn = run.job.conn;
+        let rescan = records.recovery_done(&run.job.workdir, now);
+        acts.push(Action::Record(rescan));
+        if conn.is_none() {
+            // The shim gave up while the lock was checked: nobody waits for this run, and
+            // starting it now would only leave a run to stop.
+            tracing::info!(run = %id, "the shim is gone; terraform is not started");
+            self.table.remove(&id);
+        } else if let Some(why) = refusal {
+            // Stopping (the kill step may have ended the helper) or draining. An abandoned run's
+            // helper killed on its timer has no shim, so it ended above.
+            self.refuse(id, why, records, &mut acts);
+        } else {
+            self.record_step(id, None, records, now, &mut acts);
+        }
+        self.resume_awaiting(records, now, &mut acts);
+        acts
+    }
+
+    /// Runs that waited for this init's end-markings in their directory, or for a recovery
+    /// there, check their lock again once those are done.
+    pub(super) fn resume_awaiting(
+        &mut self,
+        records: &mut Records,
+        now: Instant,
+        acts: &mut Vec<Action>,
+    ) {
+        if records.opening() {
+            return;
+        }
+        let ready: Vec<(RunId, Instant)> = self
+            .table
+            .iter()
+            .filter_map(|(id, r)| match r.life {
+                Life::AwaitingRecords { deadline, .. }
+                    if records.may_recover(&r.job.workdir)
+                        && !self.recovering_in(&r.job.workdir) =>
+                {
+                    Some((*id, deadline))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, deadline) in ready {
+            // An earlier one may have started a recovery in the same directory: checked again.
+            self.check_lock(id, deadline, records, now, acts);
+        }
+    }
+
+    /// Runs that waited too long for this init's own end-markings (or for the store to open) go
+    /// on without a lock check; never while a recovery runs in their directory (it may be about
+    /// to release a lock there, and it decided with the runs it was given).
+    pub(super) fn expire_waiting(
+        &mut self,
+        records: &mut Records,
+        state_dir: &Path,
+        now: Instant,
+        acts: &mut Vec<Action>,
+    ) {
+        let expired: Vec<(RunId, Instant)> = self
+            .table
+            .iter()
+            .filter_map(|(id, r)| match r.life {
+                Life::AwaitingRecords { deadline, .. }
+                    if deadline <= now && !self.recovering_in(&r.job.workdir) =>
+                {
+                    Some((*id, deadline))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, deadline) in expired {
+            if let Some(run) = self.table.get(&id) {
+                tracing::warn!(
+                    run = %id, workdir = %run.job.workdir.display(), state_dir = %state_dir.display(),
+                    "the lock check is skipped: within TFINIT_RECORD_TIMEOUT the state volume did not open, or did not take this init's own end-marking of a run in this directory (a recovery must read records that tell the truth); terraform starts, and the next state-locking run here checks the lock"
+                );
+            }
+            self.record_step(id, Some(deadline), records, now, acts);
+        }
+    }
+
+    /// Moves a run that has not started terraform to the state `next` makes of its request.
+    fn move_to(&mut self, id: RunId, next: impl FnOnce(Pending) -> Life) {
+        let Some(Run { job, life }) = self.table.remove(&id) else {
+            return;
+        };
+        let life = match life.into_pending() {
+            Ok(pending) => next(pending),
+            // terraform runs or ran: there is no request to move.
+            Err(life) => life,
+        };
+        self.table.insert(id, Run { job, life });
+    }
+}
+
+/// The exit code for a terraform that could not be started, and a hint for the message.
+fn start_failure(e: &StartError) -> (i32, &'static str) {
+    match e {
+        StartError::NonBlocking(_) => (
+            EXIT_SETUP_FAILED,
+            " (terraform was not started, so nothing ran; retry, and report it if it repeats)",
+        ),
+        // Out of descriptors or processes is passing: "try again later" (75), like a refusal,
+        // so the controller retries instead of reporting a broken binary.
+        StartError::Spawn(e) => match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM) => (
+                protocol::EXIT_REFUSED,
+                " (out of resources: try again later; raise the container's open-files or process limits if it repeats)",
+            ),
+            _ if e.kind() == io::ErrorKind::NotFound => (127, ""),
+            _ => (126, ""),
+        },
+    }
+}

@@ -1,0 +1,207 @@
+//! The terraform runs the init started for shims. [`Runs`] owns them: each input (a shim's
+//! request, a record that landed, terraform reaped, a shim gone, a timer, a shutdown step)
+//! changes a run's [`Life`] and returns the [`Action`]s that follow. Nothing here touches a
+//! process, a pipe's contents or a socket: the loop does what the actions say.
+//!
+//! - launch.rs: from the request to terraform's start (refusal, lock check, recovery, record).
+//! - ending.rs: stopping, abandoning and ending runs (signals, exits, records closed, timers).
+
+mod ending;
+mod launch;
+mod life;
+
+pub(super) use ending::Force;
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use life::{Life, Run};
+
+use super::action::Action;
+use super::records::{RecordEvent, Records};
+use super::token::{ConnId, Stream};
+use crate::locks::names::RunId;
+use crate::locks::recorder::Request;
+use crate::protocol::RunStatus;
+
+/// How long pipes held open by a leftover grandchild are drained after terraform exits.
+pub(super) const LINGER: Duration = Duration::from_secs(2);
+
+/// Every run, by id.
+#[derive(Debug)]
+pub(super) struct Runs {
+    table: BTreeMap<RunId, Run>,
+    /// The id of the next run.
+    next: RunId,
+    /// TFINIT_RECORD_TIMEOUT: how long a state-locking run waits for the store at most.
+    record_timeout: Duration,
+    /// TFINIT_STOP_TIMEOUT: how long an abandoned run may take to stop before its SIGKILL.
+    stop_timeout: Duration,
+}
+
+impl Runs {
+    /// No runs yet.
+    pub(super) fn new(record_timeout: Duration, stop_timeout: Duration) -> Runs {
+        Runs {
+            table: BTreeMap::new(),
+            next: RunId::FIRST,
+            record_timeout,
+            stop_timeout,
+        }
+    }
+
+    /// Whether no run is left.
+    pub(super) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// How many runs there are.
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The `tfinit status` entries, oldest first.
+    pub(super) fn statuses(&self) -> Vec<RunStatus> {
+        let mut runs: Vec<_> = self.table.values().map(Run::status).collect();
+        runs.sort_by(|a, b| {
+            a.started_unix
+                .partial_cmp(&b.started_unix)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        runs
+    }
+
+    /// When a run's timer is due next: an abandoned run's SIGKILL, the end of a wait for the
+    /// store, the end of a pipes' linger.
+    pub(super) fn next_wakeup(&self) -> Option<Instant> {
+        self.table
+            .values()
+            .filter_map(|r| match r.life {
+                Life::AwaitingRecords { deadline, .. } => Some(deadline),
+                Life::Exited { linger_until, .. } => Some(linger_until),
+                _ => r.kill_due(),
+            })
+            .min()
+    }
+
+    /// What the records say for the runs: waiting runs that may start, runs the fence stops;
+    /// then runs that waited for the store check their lock again.
+    pub(super) fn on_record_events(
+        &mut self,
+        events: Vec<RecordEvent>,
+        records: &mut Records,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut acts = Vec::new();
+        for e in events {
+            match e {
+                RecordEvent::Settled(run) => self.settled(run, records, &mut acts),
+                RecordEvent::Fence { runs, kill } => {
+                    let force = if kill { Force::Kill } else { Force::Graceful };
+                    for run in runs {
+                        self.stop(run, force, "the heartbeat did not land (fence)", &mut acts);
+                    }
+                }
+            }
+        }
+        self.resume_awaiting(records, now, &mut acts);
+        acts
+    }
+
+    // ----- the output relay's view: where a run's output goes -----
+
+    /// Whether `id`'s pipes are read now (it exists, and its shim keeps up).
+    pub(super) fn reading(&self, id: RunId) -> bool {
+        self.table
+            .get(&id)
+            .is_some_and(|r| !r.pipes().is_some_and(|p| p.paused))
+    }
+
+    /// The connection of `id`'s shim, while attached.
+    pub(super) fn conn(&self, id: RunId) -> Option<ConnId> {
+        self.table.get(&id)?.job.conn
+    }
+
+    /// The read end of `id`'s `stream` pipe, while open.
+    pub(super) fn pipe(&self, id: RunId, stream: Stream) -> Option<BorrowedFd<'_>> {
+        Some(self.table.get(&id)?.pipes()?.get(stream)?.as_fd())
+    }
+
+    /// `bytes` were read from `id`'s `stream`: the follower sees them (the returned update of its
+    /// record, when the resources in progress changed), and the log gets them when no shim is
+    /// `attached` to take them.
+    pub(super) fn output(
+        &mut self,
+        id: RunId,
+        stream: Stream,
+        bytes: &[u8],
+        attached: bool,
+        records: &Records,
+    ) -> Option<Request> {
+        let job = &mut self.table.get_mut(&id)?.job;
+        // Progress goes to the recorder as soon as it is seen (the recorder coalesces while a
+        // write of this record is in flight): a resource is on the volume within one write of
+        // its `Creating...` line.
+        let mut progress = None;
+        if let Some(f) = job.follower.as_mut() {
+            f.feed(stream as usize, bytes);
+            if f.take_changed() {
+                progress = records.progress(id, f.in_progress());
+            }
+        }
+        if !attached {
+            job.log_detached(stream, bytes);
+        }
+        progress
+    }
+
+    /// `id`'s `stream` ended with no shim attached: its last partial line goes to the log.
+    pub(super) fn flush_detached(&mut self, id: RunId, stream: Stream) {
+        if let Some(run) = self.table.get_mut(&id) {
+            if run.job.conn.is_none() {
+                run.job.flush_detached(stream);
+            }
+        }
+    }
+
+    /// Marks `id`'s pipes paused (its shim lags); true when they were read until now.
+    pub(super) fn pause(&mut self, id: RunId) -> bool {
+        let Some(pipes) = self.table.get_mut(&id).and_then(Run::pipes_mut) else {
+            return false;
+        };
+        !std::mem::replace(&mut pipes.paused, true)
+    }
+
+    /// Marks `id`'s pipes read again; true when they were paused.
+    pub(super) fn unpause(&mut self, id: RunId) -> bool {
+        let Some(pipes) = self.table.get_mut(&id).and_then(Run::pipes_mut) else {
+            return false;
+        };
+        std::mem::replace(&mut pipes.paused, false)
+    }
+
+    /// Takes `id`'s `stream` pipe out to close it, with whether it was paused (out of the epoll
+    /// set already).
+    pub(super) fn take_pipe(&mut self, id: RunId, stream: Stream) -> Option<(OwnedFd, bool)> {
+        let pipes = self.table.get_mut(&id)?.pipes_mut()?;
+        Some((pipes.take(stream)?, pipes.paused))
+    }
+
+    fn next_id(&mut self) -> RunId {
+        let id = self.next;
+        self.next = id.next();
+        id
+    }
+
+    /// Whether a lock recovery runs (or is being started) in `workdir`: nothing launches there
+    /// meanwhile.
+    fn recovering_in(&self, workdir: &std::path::Path) -> bool {
+        self.table
+            .values()
+            .any(|r| r.recovering() && r.job.workdir == workdir)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! The runs' decisions, without a process, a pipe or a socket: requests, the store's answers and
+//! the loop's reports go in, actions come out.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::unistd::Pid;
+
+use super::super::action::{Action, Refusal};
+use super::super::reaper::Exit;
+use super::super::records::Records;
+use super::super::shutdown::Phase;
+use super::super::spawn::Started;
+use super::super::token::ConnId;
+use super::super::token::Stream;
+use super::{Force, Runs};
+use crate::locks::book::Book;
+use crate::locks::liveness::Facts;
+use crate::locks::names::RunId;
+use crate::locks::record::{Ended, Owner};
+use crate::locks::recorder::{Completion, Entry, Request, Table};
+use crate::protocol::{self, RunRequest};
+
+const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+const TTL: Duration = Duration::from_secs(30);
+
+fn r(n: u64) -> RunId {
+    RunId::from(n)
+}
+
+fn c(n: u64) -> ConnId {
+    ConnId::from(n)
+}
+
+fn runs() -> Runs {
+    Runs::new(RECORD_TIMEOUT, STOP_TIMEOUT)
+}
+
+/// Records whose store is still opening (nothing is known about it yet).
+fn opening(t: Instant) -> Records {
+    let book = Book::new(
+        Path::new("/state"),
+        Owner::current("pod-a", None),
+        TTL,
+        RECORD_TIMEOUT,
+        true,
+        "pod-a".into(),
+        t,
+    );
+    Records::for_tests(book)
+}
+
+fn table(t: Instant, records: Vec<Entry>) -> Table {
+    Table {
+        scanned: t,
+        records,
+        beats: vec![],
+        gone: vec![],
+        held: Vec::new(),
+    }
+}
+
+fn opened(t: Instant, records: Vec<Entry>) -> Completion {
+    Completion::Opened {
+        result: Ok(()),
+        table: Some(table(t, records)),
+        passwd_user: None,
+        beat: Some(t),
+        lock: None,
+    }
+}
+
+/// Records whose store opened at `t` with `records` on it.
+fn open(t: Instant, records: Vec<Entry>) -> Records {
+    let mut rec = opening(t);
+    assert_eq!(rec.feed(opened(t, records), t), vec![]);
+    rec
+}
+
+/// A record of another owner's run in `workdir` whose terraform was seen dying.
+fn dead_record(workdir: &str) -> Entry {
+    let owner = Owner {
+        name: "pod-old".into(),
+        boot_id: "b".into(),
+        started_ms: 1,
+        pid: 1,
+        pod_uid: None,
+    };
+    Entry {
+        path: PathBuf::from(format!("/state/records/{workdir}.json")),
+        workdir: PathBuf::from(workdir),
+        facts: Facts {
+            owner,
+            updated_ms: 2,
+            ended: Some(Ended {
+                ms: 3,
+                how: "killed by SIGKILL".into(),
+            }),
+            needs_person_by: None,
+        },
+    }
+}
+
+fn request(args: &[&str], cwd: &str) -> RunRequest {
+    RunRequest {
+        program: "/usr/bin/terraform".into(),
+        argv0: "terraform".into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        cwd: cwd.into(),
+        env: vec![],
+        workspace: None,
+    }
+}
+
+fn ask(
+    runs: &mut Runs,
+    conn: u64,
+    args: &[&str],
+    records: &mut Records,
+    t: Instant,
+) -> Vec<Action> {
+    let req = request(args, "/tf/x");
+    runs.request(c(conn), req, None, Phase::Running, records, t)
+}
+
+fn null() -> OwnedFd {
+    std::fs::File::open("/dev/null").unwrap().into()
+}
+
+/// The loop started terraform of `run` as `pid`.
+fn start(runs: &mut Runs, run: RunId, pid: i32, records: &mut Records) -> Vec<Action> {
+    let (req, _stdin) = runs.launching(run).expect("launching");
+    assert_eq!(req.program, "/usr/bin/terraform");
+    let started = Started {
+        pid: Pid::from_raw(pid),
+        stdout: null(),
+        stderr: null(),
+    };
+    runs.spawned(run, Ok(started), records)
+}
+
+/// Both pipes of `run` reached their end.
+fn close_pipes(runs: &mut Runs, run: RunId, records: &mut Records) -> Vec<Action> {
+    let mut acts = Vec::new();
+    for s in Stream::BOTH {
+        assert!(runs.take_pipe(run, s).is_some());
+        acts.extend(runs.pipe_closed(run, records));
+    }
+    acts
+}
+
+fn state(runs: &Runs) -> Vec<(String, String)> {
+    runs.statuses()
+        .into_iter()
+        .map(|s| (s.id, s.state))
+        .collect()
+}
+
+/// A short name of each action, for comparing sequences.
+fn names(acts: &[Action]) -> Vec<String> {
+    acts.iter()
+        .map(|a| match a {
+            Action::Attach { conn, run } => format!("attach {} {run}", conn.number()),
+            Action::Answer { conn, note } => format!(
+                "answer {} {} {}",
+                conn.number(),
+                note.code,
+                note.run_id.as_deref().unwrap_or("-")
+            ),
+            Action::Spawn(run) => format!("spawn {run}"),
+            Action::Recover { run, args } => {
+                format!("recover {run} {}", args.workdir.display())
+            }
+            Action::Adopt { pid, child } => format!("adopt {} {child:?}", pid.as_raw()),
+            Action::Watch(run) => format!("watch {run}"),
+            Action::Resume(run) => format!("resume {run}"),
+            Action::Drain(run) => format!("drain {run}"),
+            Action::Term { to, .. } => format!("term {} {}", to.run, to.pid.as_raw()),
+            Action::KillGroup { to, .. } => format!("kill {} {}", to.run, to.pid.as_raw()),
+            Action::KillLeftovers { run, pgid, .. } => {
+                format!("kill leftovers {run} {}", pgid.as_raw())
+            }
+            Action::KillHelper(pid) => format!("kill helper {}", pid.as_raw()),
+            Action::Record(req) => match req {
+                Request::Create { run, .. } => format!("record create {run}"),
+                Request::Progress { run, .. } => format!("record progress {run}"),
+                Request::End { run, .. } => format!("record end {run}"),
+                Request::Remove { run } => format!("record remove {run}"),
+                Request::Heartbeat => "record heartbeat".into(),
+                Request::Rescan => "record rescan".into(),
+            },
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_that_takes_no_lock_starts_at_once_and_answers_its_shim_when_its_output_ends() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 7, &["version"], &mut rec, t);
+    assert_eq!(names(&acts), ["attach 7 r1", "spawn r1"]);
+    let acts = start(&mut runs, r(1), 100, &mut rec);
+    assert_eq!(names(&acts), ["adopt 100 Terraform(RunId(1))", "watch r1"]);
+    assert_eq!(state(&runs), [("r1".into(), "running".into())]);
+
+    let acts = runs.terraform_exited(r(1), Exit::Code(0), false, &mut rec, t);
+    assert!(acts.is_empty(), "its output is still being read: {acts:?}");
+    assert_eq!(state(&runs), [("r1".into(), "exited".into())]);
+    let acts = close_pipes(&mut runs, r(1), &mut rec);
+    assert_eq!(names(&acts), ["answer 7 0 r1"]);
+    assert!(runs.is_empty());
+}
+
+#[test]
+fn requests_are_refused_with_75_while_draining_and_no_run_exists() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    let req = request(&["apply"], "/tf/x");
+    let acts = runs.request(c(3), req, None, Phase::Draining, &mut rec, t);
+    assert_eq!(names(&acts), ["answer 3 75 -"]);
+    let Action::Answer { note, .. } = &acts[0] else {
+        unreachable!()
+    };
+    let msg = note.error.as_deref().unwrap_or_default();
+    assert!(msg.contains("draining") && msg.contains("terraform was not started"));
+    assert!(runs.is_empty());
+}
+
+#[test]
+fn a_locking_run_waits_for_the_store_then_for_its_record_then_starts() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    assert_eq!(names(&acts), ["attach 1 r1"]);
+    assert_eq!(state(&runs), [("r1".into(), "recovering".into())]);
+    assert_eq!(runs.next_wakeup(), Some(t + RECORD_TIMEOUT));
+
+    let events = rec.feed(opened(t, vec![]), t);
+    let acts = runs.on_record_events(events, &mut rec, t);
+    assert_eq!(names(&acts), ["record create r1"]);
+    assert_eq!(state(&runs), [("r1".into(), "recording".into())]);
+
+    let landed = Completion::Created {
+        run: r(1),
+        result: Ok(PathBuf::from("/state/records/r1.json")),
+    };
+    let events = rec.feed(landed, t);
+    let acts = runs.on_record_events(events, &mut rec, t);
+    assert_eq!(names(&acts), ["spawn r1"]);
+}
+
+#[test]
+fn runs_waiting_for_the_store_are_refused_at_shutdown_and_their_records_removed() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    assert_eq!(names(&acts), ["attach 1 r1", "record create r1"]);
+    let acts = runs.refuse_waiting(Refusal::ShuttingDown, &mut rec);
+    assert_eq!(names(&acts), ["record remove r1", "answer 1 75 r1"]);
+    assert!(runs.is_empty());
+}
+
+#[test]
+fn a_shim_that_leaves_before_terraform_starts_leaves_nothing_to_start() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let acts = runs.detach(r(1), t, false, &mut rec);
+    assert_eq!(names(&acts), ["record remove r1"]);
+    assert!(runs.is_empty());
+}
+
+#[test]
+fn a_dead_runs_record_means_one_recovery_per_directory_first() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![dead_record("/tf/x")]);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    assert_eq!(names(&acts), ["attach 1 r1", "recover r1 /tf/x"]);
+    let Some(Action::Recover { args, .. }) = acts.into_iter().nth(1) else {
+        unreachable!()
+    };
+    let acts = ask(&mut runs, 2, &["apply"], &mut rec, t);
+    assert_eq!(
+        names(&acts),
+        ["attach 2 r2"],
+        "nothing launches in a directory while its recovery runs"
+    );
+    let acts = runs.recovery_started(r(1), &args, Ok(Pid::from_raw(50)), &mut rec, t);
+    assert_eq!(names(&acts), ["adopt 50 Recovery(RunId(1))"]);
+    assert_eq!(
+        state(&runs),
+        [
+            ("r1".into(), "recovering".into()),
+            ("r2".into(), "recovering".into())
+        ]
+    );
+
+    let later = t + Duration::from_secs(1);
+    let acts = runs.recovery_exited(r(1), Exit::Code(0), None, &mut rec, later);
+    assert_eq!(
+        names(&acts),
+        ["record rescan", "record create r1", "record create r2"],
+        "the run goes on to its record, and the one that waited checks again"
+    );
+}
+
+#[test]
+fn a_recovery_that_cannot_start_lets_terraform_start_without_it() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![dead_record("/tf/x")]);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let Some(Action::Recover { args, .. }) = acts.into_iter().nth(1) else {
+        panic!("a recovery");
+    };
+    let failed = Err(std::io::Error::other("no more processes"));
+    let acts = runs.recovery_started(r(1), &args, failed, &mut rec, t);
+    assert_eq!(names(&acts), ["record create r1"]);
+}
+
+#[test]
+fn an_abandoned_run_gets_one_sigterm_then_its_group_a_sigkill_at_the_stop_timeout() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["version"], &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    let acts = runs.detach(r(1), t, false, &mut rec);
+    assert_eq!(names(&acts), ["term r1 100"]);
+    assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
+    let before = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT / 2);
+    assert!(before.is_empty());
+    let due = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT);
+    assert_eq!(names(&due), ["kill r1 100"]);
+    let again = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT * 2);
+    assert!(again.is_empty(), "the SIGKILL is due once");
+}
+
+#[test]
+fn a_shim_gone_during_shutdown_leaves_the_stop_to_the_timeline() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["version"], &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    assert!(runs.detach(r(1), t, true, &mut rec).is_empty());
+    assert_eq!(runs.next_wakeup(), None);
+    assert_eq!(
+        names(&runs.stop_all(Force::Graceful, "deadline")),
+        ["term r1 100"]
+    );
+    assert!(
+        runs.stop_all(Force::Graceful, "deadline").is_empty(),
+        "one SIGTERM, ever"
+    );
+    assert_eq!(
+        names(&runs.stop_all(Force::Kill, "deadline")),
+        ["kill r1 100"]
+    );
+    assert!(
+        runs.stop_all(Force::Kill, "deadline").is_empty(),
+        "one SIGKILL, ever"
+    );
+}
+
+#[test]
+fn a_second_stop_signal_from_the_shim_sends_nothing_more() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["version"], &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    assert_eq!(
+        names(&runs.shim_signal(r(1), libc::SIGTERM, false)),
+        ["term r1 100"]
+    );
+    assert!(runs.shim_signal(r(1), libc::SIGINT, false).is_empty());
+    assert!(runs.statuses()[0].stop_requested);
+}
+
+#[test]
+fn a_killed_locking_run_keeps_its_record_marked_ended_and_its_leftovers_go() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let landed = Completion::Created {
+        run: r(1),
+        result: Ok(PathBuf::from("/state/records/r1.json")),
+    };
+    let events = rec.feed(landed, t);
+    assert_eq!(
+        names(&runs.on_record_events(events, &mut rec, t)),
+        ["spawn r1"]
+    );
+    start(&mut runs, r(1), 100, &mut rec);
+    let acts = runs.terraform_exited(r(1), Exit::Signal(9), false, &mut rec, t);
+    assert_eq!(names(&acts), ["kill leftovers r1 100"]);
+    let acts = close_pipes(&mut runs, r(1), &mut rec);
+    assert_eq!(names(&acts), ["record end r1", "answer 1 137 r1"]);
+}
+
+#[test]
+fn pipes_held_open_after_terraform_exited_are_drained_when_the_linger_ends() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["version"], &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    runs.terraform_exited(r(1), Exit::Code(0), false, &mut rec, t);
+    let linger = t + super::LINGER;
+    assert_eq!(runs.next_wakeup(), Some(linger));
+    assert_eq!(
+        names(&runs.tick(&mut rec, Path::new("/state"), linger)),
+        ["drain r1"]
+    );
+    assert_eq!(runs.open_streams(r(1)), Stream::BOTH);
+}
+
+#[test]
+fn the_fence_stops_recorded_runs_and_refuses_the_next_one_whose_record_lands() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let landed = |n| Completion::Created {
+        run: r(n),
+        result: Ok(PathBuf::from(format!("/state/records/r{n}.json"))),
+    };
+    let events = rec.feed(landed(1), t);
+    runs.on_record_events(events, &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    // Asked while the heartbeat is fresh enough for a record (TTL/2), and still waiting for it
+    // (TFINIT_RECORD_TIMEOUT) when the fence comes.
+    ask(
+        &mut runs,
+        2,
+        &["apply"],
+        &mut rec,
+        t + Duration::from_secs(12),
+    );
+
+    // 2/3 of the TTL without a heartbeat landing: the recorded runs get their SIGTERM.
+    let late = t + TTL * 2 / 3;
+    let events = rec.tick(late);
+    let acts = runs.on_record_events(events, &mut rec, late);
+    assert_eq!(names(&acts), ["term r1 100"]);
+    // r2's record lands now: it would be stopped at once, so it is refused.
+    let events = rec.feed(landed(2), late);
+    let acts = runs.on_record_events(events, &mut rec, late);
+    assert_eq!(names(&acts), ["record remove r2", "answer 2 75 r2"]);
+    let Action::Answer { note, .. } = &acts[1] else {
+        unreachable!()
+    };
+    assert!(note
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("heartbeat")));
+    assert_eq!(note.code, protocol::EXIT_REFUSED);
+}
+
+#[test]
+fn terraform_that_cannot_be_started_answers_its_shim_with_the_shells_code() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 4, &["version"], &mut rec, t);
+    let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+    let failed = Err(super::super::spawn::StartError::Spawn(missing));
+    let acts = runs.spawned(r(1), failed, &mut rec);
+    assert_eq!(names(&acts), ["answer 4 127 r1"]);
+    assert!(runs.is_empty());
+}

@@ -1,0 +1,338 @@
+//! One client's conversation, without its socket: the frames it sent, where it is (waiting for
+//! its one request, attached to its run, answered and closing), and the bytes queued for it.
+//! Pure: conns.rs owns the socket and moves bytes between it and the session.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use crate::locks::names::RunId;
+use crate::protocol::{self, Decoder, Envelope, Kind, Request, RunRequest, SignalNote};
+
+/// Where a conversation is.
+#[derive(Debug)]
+enum Phase {
+    /// Waits for its one request, with the descriptor passed with it (the shim's stdin).
+    Open {
+        /// The shim's stdin, once received.
+        stdin: Option<OwnedFd>,
+    },
+    /// Its request was handed over and not answered yet.
+    Asked,
+    /// Its run request started a run: the run's output and exit note come here.
+    Attached(RunId),
+    /// Answered: closes once everything queued is written.
+    Closing,
+}
+
+/// What a client asks, frame by frame.
+#[derive(Debug)]
+pub(super) enum Input {
+    /// Start terraform (validated: absolute program and cwd, an argv[0]).
+    Run {
+        /// The request.
+        request: RunRequest,
+        /// The shim's stdin, when it passed one.
+        stdin: Option<OwnedFd>,
+    },
+    /// `tfinit status`, `drain` or `resume`.
+    Control(Control),
+    /// The shim of `run` got a stop signal.
+    Signal {
+        /// The run.
+        run: RunId,
+        /// The signal.
+        signo: i32,
+    },
+    /// The client broke the protocol (the text says how): it is answered with an error, or
+    /// dropped when it has a run (as if the shim were gone).
+    Broken(String),
+}
+
+/// A control request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Control {
+    /// The status document.
+    Status,
+    /// Refuse new runs.
+    Drain,
+    /// Accept runs again.
+    Resume,
+}
+
+/// One client's conversation.
+#[derive(Debug)]
+pub(super) struct Session {
+    decoder: Decoder,
+    phase: Phase,
+    out: Vec<u8>,
+    sent: usize,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session {
+            decoder: Decoder::default(),
+            phase: Phase::Open { stdin: None },
+            out: Vec::new(),
+            sent: 0,
+        }
+    }
+}
+
+impl Session {
+    /// Takes bytes read from the socket, and the descriptors that came with them: the first one
+    /// before the request is the shim's stdin; any other is dropped (closed).
+    pub(super) fn received(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
+        for fd in fds {
+            if let Phase::Open {
+                stdin: stdin @ None,
+            } = &mut self.phase
+            {
+                *stdin = Some(fd);
+            }
+        }
+        self.decoder.push(bytes);
+    }
+
+    /// The next whole frame received, as what the client asks; None until one is whole.
+    pub(super) fn next_input(&mut self) -> Option<Input> {
+        loop {
+            let frame = match self.decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => return None,
+                Err(e) => return Some(Input::Broken(e.to_string())),
+            };
+            match (frame.kind, &mut self.phase) {
+                (Kind::Request, Phase::Open { stdin }) => {
+                    let stdin = stdin.take();
+                    self.phase = Phase::Asked;
+                    return Some(request(&frame.payload, stdin));
+                }
+                (Kind::Signal, Phase::Attached(run)) => {
+                    match serde_json::from_slice::<SignalNote>(&frame.payload) {
+                        Ok(n) => {
+                            return Some(Input::Signal {
+                                run: *run,
+                                signo: n.signal,
+                            })
+                        }
+                        Err(e) => tracing::debug!(error = %e, "malformed signal note ignored"),
+                    }
+                }
+                (other, _) => return Some(Input::Broken(format!("unexpected {other:?} frame"))),
+            }
+        }
+    }
+
+    /// Its request started `run`.
+    pub(super) fn attach(&mut self, run: RunId) {
+        self.phase = Phase::Attached(run);
+    }
+
+    /// The run it is attached to, if any.
+    pub(super) fn run(&self) -> Option<RunId> {
+        match self.phase {
+            Phase::Attached(run) => Some(run),
+            Phase::Open { .. } | Phase::Asked | Phase::Closing => None,
+        }
+    }
+
+    /// Queues its answer (an exit note or a reply): nothing follows it, and it closes once
+    /// everything is written. It is no longer attached to a run.
+    pub(super) fn answer<T: serde::Serialize>(&mut self, kind: Kind, answer: &T) {
+        self.queue_json(kind, answer);
+        self.phase = Phase::Closing;
+    }
+
+    /// Whether it closes once everything queued is written.
+    pub(super) fn closing(&self) -> bool {
+        matches!(self.phase, Phase::Closing)
+    }
+
+    /// Queues one frame.
+    pub(super) fn queue_frame(&mut self, kind: Kind, payload: &[u8]) {
+        if self.sent > 0 && self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        }
+        protocol::encode(kind, payload, &mut self.out);
+    }
+
+    fn queue_json<T: serde::Serialize>(&mut self, kind: Kind, v: &T) {
+        let body = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
+        self.queue_frame(kind, &body);
+    }
+
+    /// Bytes queued and not yet written.
+    pub(super) fn queued(&self) -> usize {
+        self.out.len() - self.sent
+    }
+
+    /// What is queued and not yet written.
+    pub(super) fn unwritten(&self) -> &[u8] {
+        &self.out[self.sent..]
+    }
+
+    /// `n` bytes of [`Self::unwritten`] were written.
+    pub(super) fn wrote(&mut self, n: usize) {
+        self.sent += n;
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        } else if self.sent >= (64 << 10) && self.sent * 2 >= self.out.len() {
+            // Reclaim the written prefix once it is as large as what is left: under a steady
+            // stream the buffer never empties, and would otherwise grow far past the high-water
+            // mark. Each byte is moved at most once on average.
+            self.out.drain(..self.sent);
+            self.sent = 0;
+        }
+    }
+}
+
+/// A request frame's payload as what it asks, or how it breaks the protocol.
+fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
+    let env = match serde_json::from_slice::<Envelope>(payload) {
+        Ok(env) => env,
+        Err(e) => return Input::Broken(format!("malformed request: {e}")),
+    };
+    if env.v != protocol::VERSION {
+        return Input::Broken(format!(
+            "protocol version {} is not supported (this init speaks {}): use the tfinit binary of the init as the shim",
+            env.v,
+            protocol::VERSION
+        ));
+    }
+    match env.request {
+        Request::Run(request) => match validate_run(&request) {
+            Ok(()) => Input::Run { request, stdin },
+            Err(problem) => Input::Broken(problem),
+        },
+        Request::Status => Input::Control(Control::Status),
+        Request::Drain => Input::Control(Control::Drain),
+        Request::Resume => Input::Control(Control::Resume),
+    }
+}
+
+fn validate_run(r: &RunRequest) -> Result<(), String> {
+    if !Path::new(&r.program).is_absolute() {
+        return Err(format!("program {:?} is not an absolute path", r.program));
+    }
+    if !Path::new(&r.cwd).is_absolute() {
+        return Err(format!("cwd {:?} is not an absolute path", r.cwd));
+    }
+    if r.argv0.is_empty() {
+        return Err("argv0 is empty".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ExitNote;
+
+    fn frame(kind: Kind, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        protocol::encode(kind, body, &mut out);
+        out
+    }
+
+    fn envelope(request: Request) -> Vec<u8> {
+        let body = serde_json::to_vec(&Envelope {
+            v: protocol::VERSION,
+            request,
+        })
+        .unwrap();
+        frame(Kind::Request, &body)
+    }
+
+    fn run_request(program: &str) -> Request {
+        Request::Run(RunRequest {
+            program: program.into(),
+            argv0: "terraform".into(),
+            args: vec!["plan".into()],
+            cwd: "/tf".into(),
+            env: vec![],
+            workspace: None,
+        })
+    }
+
+    fn null() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    #[test]
+    fn a_run_request_comes_with_the_stdin_passed_before_it_and_only_once() {
+        let mut s = Session::default();
+        s.received(&[], vec![null(), null()]);
+        s.received(&envelope(run_request("/bin/terraform")), vec![]);
+        assert!(matches!(
+            s.next_input(),
+            Some(Input::Run { stdin: Some(_), .. })
+        ));
+        assert!(s.next_input().is_none());
+        s.received(&envelope(Request::Status), vec![]);
+        assert!(
+            matches!(s.next_input(), Some(Input::Broken(p)) if p == "unexpected Request frame"),
+            "one request per connection"
+        );
+    }
+
+    #[test]
+    fn signals_count_only_from_an_attached_shim() {
+        let mut s = Session::default();
+        let note = frame(Kind::Signal, br#"{"signal":15}"#);
+        s.received(&note, vec![]);
+        assert!(matches!(s.next_input(), Some(Input::Broken(_))));
+
+        let mut s = Session::default();
+        s.received(&envelope(run_request("/bin/terraform")), vec![]);
+        assert!(matches!(
+            s.next_input(),
+            Some(Input::Run { stdin: None, .. })
+        ));
+        s.attach(RunId::from(3));
+        assert_eq!(s.run(), Some(RunId::from(3)));
+        s.received(&frame(Kind::Signal, b"not json"), vec![]);
+        s.received(&note, vec![]);
+        assert!(
+            matches!(s.next_input(), Some(Input::Signal { run, signo: 15 }) if run == RunId::from(3)),
+            "a malformed note is skipped"
+        );
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let broken = |bytes: Vec<u8>| {
+            let mut s = Session::default();
+            s.received(&bytes, vec![]);
+            match s.next_input() {
+                Some(Input::Broken(p)) => p,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(broken(envelope(run_request("terraform"))).contains("not an absolute path"));
+        assert!(broken(frame(Kind::Request, b"{")).starts_with("malformed request"));
+        let future = br#"{"v":99,"op":"status"}"#;
+        assert!(broken(frame(Kind::Request, future)).contains("protocol version 99"));
+    }
+
+    #[test]
+    fn controls_are_answered_and_the_answer_closes() {
+        let mut s = Session::default();
+        s.received(&envelope(Request::Drain), vec![]);
+        assert!(matches!(
+            s.next_input(),
+            Some(Input::Control(Control::Drain))
+        ));
+        assert!(!s.closing());
+        s.answer(Kind::Exit, &ExitNote::default());
+        assert!(s.closing() && s.run().is_none());
+        let n = s.queued();
+        assert!(n > protocol::HEADER);
+        s.wrote(2);
+        assert_eq!(s.queued(), n - 2);
+        s.wrote(n - 2);
+        assert_eq!((s.queued(), s.unwritten().len()), (0, 0));
+    }
+}

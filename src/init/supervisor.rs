@@ -1,0 +1,780 @@
+//! The loop's state: the concerns, each behind its own private fields (the timeline, the
+//! controller and the other children, the clients, the runs, the records), and the descriptors
+//! of the epoll set. Each input (a signal, a reaped pid, a client's request, terraform's output,
+//! the recorder's news, a timer) goes to the concern it concerns; what that concern asks for comes
+//! back as [`Action`]s, and [`Init::apply`] carries them out: the one place that signals, spawns,
+//! answers shims and queues storage work.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::signalfd::SignalFd;
+use nix::unistd::Pid;
+
+use super::action::{Action, Named};
+use super::conns::{After, Conns, Read};
+use super::forward::forward_target;
+use super::reaper::{self, Exit};
+use super::reaping::{Children, Reaped};
+use super::records::{RecordEvent, Records};
+use super::runs::{Force, Runs};
+use super::session::{Control, Input};
+use super::setup::Mode;
+use super::shutdown::{Cause, Phase, Step, Timeline, Transition};
+use super::token::{self, ConnId, Stream};
+use super::{spawn, status};
+use crate::config::InitConfig;
+use crate::duration::fmt_duration;
+use crate::locks::names::RunId;
+use crate::protocol::{self, Kind, Reply};
+use crate::signals::{self, Incoming};
+use crate::sys::{self, SigNo, Target};
+
+/// What a forward did: the signal after rewrite, and where it went with kill(2)'s result (none
+/// when there was no one to send it to).
+type Forwarded = (SigNo, Option<(Target, Result<(), Errno>)>);
+
+/// The init's state while the loop runs.
+pub(super) struct Init {
+    cfg: InitConfig,
+    /// PID 1 or subreaper.
+    mode: Mode,
+    /// The one epoll set.
+    epoll: Epoll,
+    /// Signals, blocked in every thread and read here.
+    sigfd: SignalFd,
+    /// The controller and the init's other children.
+    children: Children,
+    /// The shutdown timeline.
+    timeline: Timeline,
+    /// The control socket's clients.
+    conns: Conns,
+    /// terraform runs.
+    runs: Runs,
+    /// Lock-owner records: the book and the recorder.
+    records: Records,
+    /// Read buffer for terraform's output.
+    scratch: Vec<u8>,
+}
+
+impl Init {
+    /// Registers the signalfd, the listener and the recorder in a new epoll set.
+    pub(super) fn new(
+        cfg: InitConfig,
+        mode: Mode,
+        sigfd: SignalFd,
+        listener: Option<UnixListener>,
+        records: Records,
+        main_pid: Pid,
+    ) -> io::Result<Init> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        let watch = |fd, tok| epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, tok));
+        watch(sigfd.as_fd(), token::TOKEN_SIGNALS)?;
+        if let Some(l) = &listener {
+            watch(l.as_fd(), token::TOKEN_LISTENER)?;
+        }
+        if let Some(fd) = records.fd() {
+            watch(fd, token::TOKEN_RECORDER)?;
+        }
+        Ok(Init {
+            timeline: Timeline::new(cfg.grace_period, cfg.stop_timeout, cfg.kill_margin),
+            runs: Runs::new(cfg.record_timeout, cfg.stop_timeout),
+            children: Children::new(main_pid),
+            conns: Conns::new(listener),
+            cfg,
+            mode,
+            epoll,
+            sigfd,
+            records,
+            scratch: vec![0u8; protocol::MAX_DATA],
+        })
+    }
+
+    /// Waits for events until `timeout`.
+    pub(super) fn wait(
+        &self,
+        events: &mut [EpollEvent],
+        timeout: EpollTimeout,
+    ) -> nix::Result<usize> {
+        self.epoll.wait(events, timeout)
+    }
+
+    // ----- the one place where actions are carried out -----
+
+    /// Does what the concerns asked, in order. What comes of an action (terraform started or not,
+    /// a recorder found gone) goes back to its concern at once, and its actions come first.
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Attach { conn, run } => self.conns.attach(conn, run),
+                Action::Answer { conn, note } => {
+                    let after = self.conns.answer(conn, &self.epoll, &note);
+                    self.after_conn(after);
+                }
+                Action::Spawn(run) => self.spawn_terraform(run),
+                Action::Recover { run, args } => {
+                    let Some(request) = self.runs.request_of(run) else {
+                        continue;
+                    };
+                    let started = spawn::recovery(request, &args);
+                    let now = Instant::now();
+                    let more =
+                        self.runs
+                            .recovery_started(run, &args, started, &mut self.records, now);
+                    self.apply(more);
+                }
+                Action::Adopt { pid, child } => self.children.adopt(pid, child),
+                Action::Watch(run) => self.watch_pipes(run),
+                Action::Resume(run) => self.resume(run),
+                Action::Drain(run) => {
+                    for stream in self.runs.open_streams(run) {
+                        self.drain_and_close(run, stream);
+                    }
+                }
+                Action::Term { to, reason } => self.term(&to, reason),
+                Action::KillGroup {
+                    to,
+                    reason,
+                    in_progress,
+                } => self.kill_group(&to, reason, in_progress),
+                Action::KillLeftovers {
+                    run,
+                    pgid,
+                    stopping,
+                } => self.kill_leftovers(run, pgid, stopping),
+                Action::KillHelper(pid) => {
+                    let _ = sys::kill(Target::Group(pid), libc::SIGKILL);
+                }
+                Action::Record(request) => {
+                    let events = self.records.send(request);
+                    self.record_events(events);
+                }
+            }
+        }
+    }
+
+    /// Starts terraform for a run in `Launching`, and tells the run how that went.
+    fn spawn_terraform(&mut self, run: RunId) {
+        let Some((request, stdin)) = self.runs.launching(run) else {
+            return;
+        };
+        let started = spawn::terraform(request, stdin, self.records.incarnation_lock());
+        let more = self.runs.spawned(run, started, &mut self.records);
+        self.apply(more);
+    }
+
+    /// What the records say for the runs (and runs that wait for the store look again).
+    fn record_events(&mut self, events: Vec<RecordEvent>) {
+        let more = self
+            .runs
+            .on_record_events(events, &mut self.records, Instant::now());
+        self.apply(more);
+    }
+
+    /// What a connection's change means for its run.
+    fn after_conn(&mut self, after: After) {
+        match after {
+            After::Nothing => {}
+            After::CaughtUp(run) => self.resume(run),
+            After::Detached(run) => {
+                let stopping = self.timeline.phase() == Phase::Stopping;
+                let now = Instant::now();
+                let more = self.runs.detach(run, now, stopping, &mut self.records);
+                self.apply(more);
+            }
+        }
+    }
+
+    // ----- signals: forwarded to the controller (the hot path), or acted on -----
+
+    /// Reads every pending signal from the signalfd.
+    pub(super) fn on_signals(&mut self) {
+        loop {
+            match self.sigfd.read_signal() {
+                Ok(Some(info)) => self.on_signal(info.ssi_signo as SigNo, info.ssi_pid as i32),
+                Ok(None) => return,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the signalfd failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_signal(&mut self, signo: SigNo, sender: i32) {
+        match signals::classify(signo) {
+            Incoming::Child => self.reap(),
+            Incoming::Shutdown(s) => {
+                // The kill first, the bookkeeping after: the controller's latency is what the
+                // init does between reading the signal and kill(2), so nothing else runs there.
+                let forwarded = self.forward_now(s);
+                let t = self.timeline.on_stop_signal(Instant::now());
+                // Logged after the timeline moved, so with the phase and deadline it belongs to;
+                // the transition's own signals (if any) follow the forward.
+                self.log_forward(s, forwarded);
+                tracing::info!(signal = %signals::name(s), sender, "stop signal received");
+                if let Some(t) = t {
+                    self.transition(t);
+                }
+            }
+            Incoming::Forward(s) => {
+                let forwarded = self.forward_now(s);
+                tracing::debug!(signal = %signals::name(s), sender, "signal received");
+                self.log_forward(s, forwarded);
+            }
+            Incoming::Ignore(s) => {
+                tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded")
+            }
+        }
+    }
+
+    /// Sends a signal (after rewrite) to the controller or its group: the hot path, kept to the
+    /// kill itself. Returns what was sent where, for [`Self::log_forward`].
+    fn forward_now(&mut self, signo: SigNo) -> Forwarded {
+        let to = self.cfg.rewrite.apply(signo);
+        let main = self.children.main();
+        let exited = self.children.main_exit().is_some();
+        let Some(target) = forward_target(self.cfg.forward, main, exited) else {
+            return (to, None);
+        };
+        let sent = sys::kill(target, to);
+        if sent.is_ok() {
+            // Let the woken controller run before we spend our time slice on logs and the
+            // timeline: on a busy node it often shares our CPU (forwarding latency, benchmarks).
+            std::thread::yield_now();
+        }
+        if target == Target::Group(main) && matches!(signals::classify(to), Incoming::Shutdown(_)) {
+            self.children.group_stopped();
+        }
+        (to, Some((target, sent)))
+    }
+
+    /// Logs what [`Self::forward_now`] did with `signo`.
+    fn log_forward(&self, signo: SigNo, (to, sent_to): Forwarded) {
+        let Some((target, sent)) = sent_to else {
+            tracing::debug!(signal = %signals::name(to), "controller gone; signal not forwarded");
+            return;
+        };
+        match sent {
+            // A stop signal sent on is a shutdown step: logged at info like the others.
+            Ok(()) if matches!(signals::classify(signo), Incoming::Shutdown(_)) => {
+                let (phase, left) = self.timeline.when(Instant::now());
+                tracing::info!(signal = %signals::name(to), %target, phase, seconds_left = left, "signal forwarded")
+            }
+            Ok(()) => tracing::debug!(signal = %signals::name(to), %target, "signal forwarded"),
+            Err(Errno::ESRCH) => {
+                tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to")
+            }
+            Err(e) => {
+                tracing::warn!(signal = %signals::name(to), %target, error = %e, "forwarding failed")
+            }
+        }
+    }
+
+    /// Carries out one step of the shutdown timeline.
+    fn transition(&mut self, t: Transition) {
+        let left = self.timeline.seconds_left(Instant::now()).unwrap_or(0.0);
+        match t {
+            Transition::Began(cause) => {
+                if let Some(why) = self.timeline.refusal() {
+                    let refused = self.runs.refuse_waiting(why, &mut self.records);
+                    self.apply(refused);
+                }
+                let main = self.children.main();
+                if cause == Cause::MainExited && self.runs.is_empty() && !sys::group_alive(main) {
+                    // Nothing is left to stop: the init exits right away (its exit is logged).
+                    return;
+                }
+                tracing::info!(
+                    phase = Phase::Stopping.as_str(),
+                    cause = cause.as_str(),
+                    grace_period = %fmt_duration(self.cfg.grace_period),
+                    runs = self.runs.len(),
+                    seconds_left = left,
+                    "shutdown: new terraform runs are refused; runs in flight get SIGTERM {} before the deadline and SIGKILL {} before it",
+                    fmt_duration(self.cfg.stop_timeout),
+                    fmt_duration(self.cfg.kill_margin),
+                );
+            }
+            Transition::Graceful => {
+                self.log_step(
+                    Step::Graceful,
+                    left,
+                    "asking terraform runs to stop gracefully",
+                );
+                let stops = self
+                    .runs
+                    .stop_all(Force::Graceful, "shutdown deadline approaching");
+                self.apply(stops);
+            }
+            Transition::Kill => {
+                self.log_step(Step::Kill, left, "SIGKILL to everything left");
+                let kills = self.runs.stop_all(Force::Kill, "shutdown deadline");
+                self.apply(kills);
+                let main = self.children.main();
+                if sys::group_alive(main) {
+                    self.signal(
+                        Target::Group(main),
+                        libc::SIGKILL,
+                        "controller's process group",
+                    );
+                }
+                if self.mode == Mode::Pid1 {
+                    self.signal(
+                        Target::Everyone,
+                        libc::SIGKILL,
+                        "every process left in the container",
+                    );
+                }
+            }
+        }
+    }
+
+    fn log_step(&self, step: Step, left: f64, what: &str) {
+        tracing::info!(
+            phase = Phase::Stopping.as_str(),
+            step = step.as_str(),
+            runs = self.runs.len(),
+            seconds_left = left,
+            "{what}"
+        );
+    }
+
+    /// Signals `target` (the controller's group, everyone) and logs it.
+    fn signal(&self, target: Target, signo: SigNo, what: &str) {
+        let (phase, left) = self.timeline.when(Instant::now());
+        match sys::kill(target, signo) {
+            Ok(()) => {
+                tracing::info!(%target, signal = %signals::name(signo), phase, seconds_left = left, "signalled {what}")
+            }
+            Err(Errno::ESRCH) => tracing::debug!(%target, "{what}: already gone"),
+            Err(e) => {
+                tracing::warn!(%target, signal = %signals::name(signo), error = %e, "signalling {what} failed")
+            }
+        }
+    }
+
+    /// terraform's one graceful SIGTERM (to its own pid, never its group).
+    fn term(&self, to: &Named, reason: &str) {
+        let (phase, left) = self.timeline.when(Instant::now());
+        match sys::kill(Target::Pid(to.pid), libc::SIGTERM) {
+            Ok(()) => tracing::info!(
+                run = %to.run, pid = to.pid.as_raw(), cwd = %to.cwd.display(), subcommand = %to.subcommand,
+                phase, seconds_left = left, reason, "SIGTERM to terraform (graceful stop: it finishes operations in flight, saves state, releases the lock)"
+            ),
+            Err(e) => {
+                tracing::warn!(run = %to.run, pid = to.pid.as_raw(), error = %e, "SIGTERM to terraform failed")
+            }
+        }
+    }
+
+    /// SIGKILL to a run's process group, when anything is left in it.
+    fn kill_group(&self, to: &Named, reason: &str, in_progress: Option<Vec<String>>) {
+        if !sys::group_alive(to.pid) {
+            return;
+        }
+        let (phase, left) = self.timeline.when(Instant::now());
+        match sys::kill(Target::Group(to.pid), libc::SIGKILL) {
+            Ok(()) => tracing::info!(
+                run = %to.run, pid = to.pid.as_raw(), pgid = to.pid.as_raw(), cwd = %to.cwd.display(), subcommand = %to.subcommand,
+                phase, seconds_left = left, reason, in_progress = ?in_progress,
+                "SIGKILL to terraform's process group"
+            ),
+            Err(e) => {
+                tracing::warn!(run = %to.run, error = %e, "SIGKILL to terraform's group failed")
+            }
+        }
+    }
+
+    /// SIGKILL to what terraform left in its process group after it exited.
+    fn kill_leftovers(&self, run: RunId, pgid: Pid, stopping: bool) {
+        if !sys::group_alive(pgid) {
+            return;
+        }
+        match sys::kill(Target::Group(pgid), libc::SIGKILL) {
+            Ok(()) if stopping => {
+                let (phase, left) = self.timeline.when(Instant::now());
+                tracing::info!(
+                    run = %run, pgid = pgid.as_raw(), phase, seconds_left = left,
+                    "SIGKILL to what terraform left in its process group"
+                )
+            }
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(e) => {
+                tracing::warn!(run = %run, pgid = pgid.as_raw(), error = %e, "SIGKILL to terraform's leftovers failed")
+            }
+        }
+    }
+
+    // ----- reaping -----
+
+    /// Reaps every child that exited (reaper.rs calls waitpid) and hands each exit on.
+    pub(super) fn reap(&mut self) {
+        let (exits, _) = reaper::reap_all();
+        for (pid, exit) in exits {
+            match self.children.reaped(pid, exit) {
+                Reaped::Controller {
+                    exit,
+                    stop_leftovers,
+                } => self.on_main_exit(pid, exit, stop_leftovers),
+                Reaped::Terraform(run, exit) => {
+                    let stopping = self.timeline.phase() == Phase::Stopping;
+                    let now = Instant::now();
+                    let more =
+                        self.runs
+                            .terraform_exited(run, exit, stopping, &mut self.records, now);
+                    self.apply(more);
+                }
+                Reaped::Recovery(run, exit) => {
+                    // The latest table first: the run's lock check may come next.
+                    let now = Instant::now();
+                    let news = self.records.take_news(now);
+                    self.record_events(news);
+                    let refusal = self.timeline.refusal();
+                    let more =
+                        self.runs
+                            .recovery_exited(run, exit, refusal, &mut self.records, now);
+                    self.apply(more);
+                }
+                Reaped::Orphan => tracing::debug!(pid = pid.as_raw(), %exit, "reaped"),
+            }
+        }
+    }
+
+    /// The controller exited: the timeline starts unless it runs already, and what the
+    /// controller left in its group gets one SIGTERM unless the group got a stop signal.
+    fn on_main_exit(&mut self, pid: Pid, exit: Exit, stop_leftovers: bool) {
+        tracing::info!(pid = pid.as_raw(), %exit, "controller exited");
+        if let Some(t) = self.timeline.on_main_exit(Instant::now()) {
+            self.transition(t);
+        }
+        // Also when the timeline was already running on a signal that may not have reached the
+        // group (TFINIT_FORWARD=child).
+        if stop_leftovers && sys::group_alive(pid) {
+            self.signal(
+                Target::Group(pid),
+                libc::SIGTERM,
+                "controller's leftover processes",
+            );
+        }
+    }
+
+    // ----- clients of the control socket -----
+
+    /// Accepts every pending client.
+    pub(super) fn accept_all(&mut self) {
+        self.conns.accept_all(&self.epoll);
+    }
+
+    /// A client socket is readable, writable or hung up.
+    pub(super) fn on_conn(&mut self, id: ConnId, flags: EpollFlags) {
+        if flags.contains(EpollFlags::EPOLLOUT) {
+            let after = self.conns.flush(id, &self.epoll);
+            self.after_conn(after);
+        }
+        let readable = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLHUP
+            | EpollFlags::EPOLLRDHUP
+            | EpollFlags::EPOLLERR;
+        if !flags.intersects(readable) {
+            return;
+        }
+        let mut buf = [0u8; 16 << 10];
+        // Bounded per event: a peer streaming garbage cannot hold the loop.
+        for _ in 0..64 {
+            match self.conns.read(id, &self.epoll, &mut buf) {
+                Read::Data => {
+                    if !self.take_inputs(id) {
+                        return;
+                    }
+                }
+                Read::Done(after) => return self.after_conn(after),
+            }
+        }
+    }
+
+    /// Handles every whole request or note the client sent; false when it must not be read on.
+    fn take_inputs(&mut self, id: ConnId) -> bool {
+        while let Some(input) = self.conns.next_input(id) {
+            match input {
+                Input::Run { request, stdin } => {
+                    // The latest table first: the run's lock check is decided on it.
+                    let now = Instant::now();
+                    let news = self.records.take_news(now);
+                    self.record_events(news);
+                    let phase = self.timeline.phase();
+                    let acts = self
+                        .runs
+                        .request(id, request, stdin, phase, &mut self.records, now);
+                    self.apply(acts);
+                }
+                Input::Control(c) => self.on_control(id, c),
+                Input::Signal { run, signo } => {
+                    let stopping = self.timeline.phase() == Phase::Stopping;
+                    let acts = self.runs.shim_signal(run, signo, stopping);
+                    self.apply(acts);
+                }
+                Input::Broken(problem) => {
+                    let after = self.conns.broken(id, &self.epoll, &problem);
+                    self.after_conn(after);
+                    return false;
+                }
+            }
+        }
+        self.conns.contains(id)
+    }
+
+    /// `tfinit status`, `drain` or `resume`: done, and answered with the status document.
+    fn on_control(&mut self, id: ConnId, control: Control) {
+        let error = match control {
+            Control::Status => None,
+            Control::Drain => {
+                if self.timeline.drain() {
+                    tracing::info!(
+                        phase = Phase::Draining.as_str(),
+                        runs = self.runs.len(),
+                        "draining: new terraform runs are refused until `tfinit resume`"
+                    );
+                    if let Some(why) = self.timeline.refusal() {
+                        let refused = self.runs.refuse_waiting(why, &mut self.records);
+                        self.apply(refused);
+                    }
+                }
+                None
+            }
+            Control::Resume => {
+                let resumed = self.timeline.resume();
+                if resumed {
+                    tracing::info!(
+                        phase = Phase::Running.as_str(),
+                        "resumed: terraform runs are accepted again"
+                    );
+                }
+                let phase = self.timeline.phase();
+                (!resumed && phase != Phase::Running)
+                    .then(|| format!("cannot resume: the init is {}", phase.as_str()))
+            }
+        };
+        // The heartbeat's age as of the recorder's latest (quiet) news.
+        let now = Instant::now();
+        let news = self.records.take_news(now);
+        self.record_events(news);
+        let reply = Reply {
+            v: protocol::VERSION,
+            ok: error.is_none(),
+            error,
+            status: Some(status::document(
+                &self.timeline,
+                &self.children,
+                &self.records.view(now),
+                &self.runs,
+                now,
+            )),
+        };
+        let after = self.conns.reply(id, &self.epoll, &reply);
+        self.after_conn(after);
+    }
+
+    // ----- the output relay: terraform's pipes to the shim (or the log) -----
+
+    /// Puts a run's open pipes in the epoll set.
+    fn watch_pipes(&mut self, id: RunId) {
+        for stream in Stream::BOTH {
+            if let Some(fd) = self.runs.pipe(id, stream) {
+                let ev = EpollEvent::new(EpollFlags::EPOLLIN, token::output(id, stream));
+                if let Err(e) = self.epoll.add(fd, ev) {
+                    tracing::warn!(run = %id, error = %e, "cannot watch terraform's output");
+                }
+            }
+        }
+    }
+
+    /// Stops reading a run's pipes while its shim lags (terraform then blocks on a full pipe,
+    /// exactly as with a slow reader of a direct run).
+    fn pause(&mut self, id: RunId) {
+        if !self.runs.pause(id) {
+            return;
+        }
+        for stream in Stream::BOTH {
+            if let Some(fd) = self.runs.pipe(id, stream) {
+                let _ = self.epoll.delete(fd);
+            }
+        }
+    }
+
+    /// Resumes reading a paused run's pipes.
+    fn resume(&mut self, id: RunId) {
+        if self.runs.unpause(id) {
+            self.watch_pipes(id);
+        }
+    }
+
+    /// A run's pipe is readable: relays what it holds.
+    pub(super) fn on_output(&mut self, id: RunId, stream: Stream) {
+        // Bounded per event so one chatty run cannot starve signals and other runs.
+        for _ in 0..16 {
+            if !self.runs.reading(id) {
+                return;
+            }
+            let attached = self.runs.conn(id).filter(|c| self.conns.contains(*c));
+            if let Some(c) = attached.filter(|c| self.conns.is_full(*c)) {
+                self.pause(id);
+                // Write what the socket takes now, and watch it for room (EPOLLOUT): that is
+                // what resumes the run. Without this a run could stay paused forever.
+                let after = self.conns.flush(c, &self.epoll);
+                return self.after_conn(after);
+            }
+            let Some(fd) = self.runs.pipe(id, stream) else {
+                return;
+            };
+            match nix::unistd::read(fd, &mut self.scratch) {
+                Ok(0) => {
+                    if attached.is_none() {
+                        self.runs.flush_detached(id, stream);
+                    }
+                    return self.close_pipe(id, stream);
+                }
+                Ok(n) => self.deliver(id, stream, n),
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(run = %id, stream = stream.as_str(), error = %e, "reading terraform's output failed; closing it");
+                    return self.close_pipe(id, stream);
+                }
+            }
+        }
+        if let Some(c) = self.runs.conn(id) {
+            let after = self.conns.flush(c, &self.epoll);
+            self.after_conn(after);
+        }
+    }
+
+    /// Hands `self.scratch[..n]`, just read from a run's pipe, to the run (its follower, or the
+    /// log when no shim is attached) and to its shim.
+    fn deliver(&mut self, id: RunId, stream: Stream, n: usize) {
+        let bytes = &self.scratch[..n];
+        let attached = self.runs.conn(id).filter(|c| self.conns.contains(*c));
+        let progress = self
+            .runs
+            .output(id, stream, bytes, attached.is_some(), &self.records);
+        if let Some(c) = attached {
+            let kind = match stream {
+                Stream::Stdout => Kind::Stdout,
+                Stream::Stderr => Kind::Stderr,
+            };
+            self.conns.queue(c, kind, bytes);
+        }
+        if let Some(p) = progress {
+            self.apply(vec![Action::Record(p)]);
+        }
+    }
+
+    /// Closes a pipe of a run whose terraform has exited, after reading what is left in it
+    /// however far the shim lags: nothing terraform wrote is lost (bounded by the pipe's size,
+    /// plus whatever a leftover grandchild writes meanwhile).
+    fn drain_and_close(&mut self, id: RunId, stream: Stream) {
+        for _ in 0..64 {
+            let Some(fd) = self.runs.pipe(id, stream) else {
+                return;
+            };
+            match nix::unistd::read(fd, &mut self.scratch) {
+                Ok(0) => break,
+                Ok(n) => self.deliver(id, stream, n),
+                Err(Errno::EINTR) => continue,
+                // EAGAIN: empty, but still held open by a leftover grandchild.
+                Err(_) => break,
+            }
+        }
+        self.runs.flush_detached(id, stream);
+        self.close_pipe(id, stream);
+    }
+
+    /// Closes one of a run's pipes; the run ends once both are closed and terraform was reaped.
+    fn close_pipe(&mut self, id: RunId, stream: Stream) {
+        let Some((fd, paused)) = self.runs.take_pipe(id, stream) else {
+            return;
+        };
+        if !paused {
+            let _ = self.epoll.delete(&fd);
+        }
+        drop(fd);
+        let more = self.runs.pipe_closed(id, &mut self.records);
+        self.apply(more);
+    }
+
+    // ----- the recorder and the timers -----
+
+    /// The recorder's eventfd is readable: take in what it did (never blocks).
+    pub(super) fn on_recorder(&mut self) {
+        let news = self.records.take_news(Instant::now());
+        self.record_events(news);
+    }
+
+    /// The epoll timeout: until the nearest timer, or forever.
+    pub(super) fn timeout(&self) -> EpollTimeout {
+        let next = [
+            self.timeline.next_wakeup(),
+            self.records.next_wakeup(),
+            self.runs.next_wakeup(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match next {
+            None => EpollTimeout::NONE,
+            Some(t) => {
+                let ms = t
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .min(60_000) as u16;
+                // Round up so we do not wake a millisecond early and spin.
+                EpollTimeout::from(ms.saturating_add(1))
+            }
+        }
+    }
+
+    /// Acts on every timer that is due at `now`: the timeline's steps, the records' (the
+    /// heartbeat, records that do not land in time), and the runs' (waits for the store,
+    /// abandoned runs' SIGKILL, the linger of pipes after terraform exited).
+    pub(super) fn on_timers(&mut self, now: Instant) {
+        while let Some(t) = self.timeline.due(now) {
+            self.transition(t);
+        }
+        // The recorder's quiet news first (heartbeats that went well): a stale heartbeat is
+        // judged on the latest.
+        let mut events = self.records.take_news(now);
+        events.extend(self.records.tick(now));
+        self.record_events(events);
+        let acts = self.runs.tick(&mut self.records, &self.cfg.state_dir, now);
+        self.apply(acts);
+    }
+
+    // ----- the end -----
+
+    /// Whether the init may exit now, and with which code: the controller is gone, no run is left,
+    /// and the controller's process group is empty. Never waits for a timer.
+    pub(super) fn finished(&self) -> Option<i32> {
+        let exit = self.children.main_exit()?;
+        if !self.runs.is_empty() || sys::group_alive(self.children.main()) {
+            return None;
+        }
+        Some(exit.code())
+    }
+
+    /// Exits the process with `code`, after the last record writes (bounded) and one last
+    /// non-blocking attempt to deliver queued frames (exit codes) to shims.
+    pub(super) fn exit(&mut self, code: i32) -> ! {
+        self.records
+            .settle(self.timeline.deadline().map(|(at, _)| at));
+        self.conns.write_all_now();
+        tracing::info!(exit_code = code, "tfinit exiting");
+        // Straight out: the kernel closes our descriptors and frees our memory faster than
+        // destructors and atexit handlers would, and a container's exit waits on us.
+        sys::exit_now(code)
+    }
+}

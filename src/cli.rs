@@ -104,6 +104,10 @@ pub struct InitArgs {
     /// `auto`: release a stale state lock provably held by a dead previous owner; `off`: never.
     #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off", value_parser = text())]
     pub force_unlock: Option<String>,
+
+    /// Serve Prometheus metrics at `GET /metrics` on this address, e.g. `:9102`. Default: off.
+    #[arg(long, env = "TFINIT_METRICS_ADDR", value_name = "[HOST]:PORT", value_parser = text())]
+    pub metrics_addr: Option<String>,
 }
 
 /// Client subcommands.
@@ -123,6 +127,8 @@ pub enum Command {
     },
     /// Print the init's phase and its terraform runs as JSON.
     Status,
+    /// Print the init's Prometheus metrics (what `GET /metrics` on TFINIT_METRICS_ADDR serves).
+    Metrics,
     /// Refuse new terraform runs (what a preStop hook runs); --wait until none is in flight.
     Drain {
         /// Wait until no run is in flight.

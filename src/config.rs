@@ -74,6 +74,8 @@ pub struct InitConfig {
     pub record_timeout: Duration,
     /// Whether stale locks of dead owners are released automatically.
     pub force_unlock: bool,
+    /// TFINIT_METRICS_ADDR: where `GET /metrics` is served; None: no metrics server.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// The pod's UID when the downward API provides it (TFINIT_POD_UID or POD_UID).
     pub pod_uid: Option<String>,
 }
@@ -329,6 +331,12 @@ impl InitConfig {
                 choose(v, &[("auto", true), ("off", false)])
             })?
             .unwrap_or(true);
+        let metrics_addr = n.parse(
+            "metrics_addr",
+            given(&args.metrics_addr).map(str::trim),
+            ":9102",
+            crate::metrics_server::parse_addr,
+        )?;
         Ok(InitConfig {
             forward,
             rewrite,
@@ -343,6 +351,7 @@ impl InitConfig {
             owner_ttl,
             record_timeout,
             force_unlock,
+            metrics_addr,
             pod_uid: pod_uid(),
         })
     }

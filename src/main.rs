@@ -46,6 +46,10 @@ fn main() {
             logging::init_client();
             client::control::status()
         }
+        Some(Command::Metrics) => {
+            logging::init_client();
+            client::control::metrics()
+        }
         Some(Command::Drain { wait, timeout }) => {
             logging::init_client();
             client::control::drain(wait, timeout.as_deref())

@@ -377,7 +377,9 @@ impl prometheus_client::collector::Collector for HeartbeatAge {
 }
 
 impl Metrics {
-    /// Every metric at zero, every label set created, for tfinit `version`.
+    /// Every metric at zero, every label set created, for tfinit `version`. The recovery and cancel
+    /// families are kept but not registered (not served) until the init feeds them: a series that
+    /// never moves would mislead an alert.
     pub fn new(version: &'static str) -> Metrics {
         let mut registry = Registry::with_prefix("tfinit");
         let runs_total = Family::<RunLabels, Counter>::default();
@@ -451,21 +453,6 @@ impl Metrics {
             signals.clone(),
         );
         registry.register(
-            "force_unlocks",
-            "Lock recoveries of dead runs' records, by backend and outcome (outcome=unlocked: a stale lock released)",
-            force_unlocks.clone(),
-        );
-        registry.register(
-            "recoveries_needing_a_person",
-            "Records whose lock only a person can release (needs_person), as of the last recovery",
-            needing_person.clone(),
-        );
-        registry.register(
-            "orphan_candidates",
-            "Resources named in the records of dead runs whose locks were recovered: they may exist outside the state",
-            orphan_candidates.clone(),
-        );
-        registry.register(
             "records_store_state",
             "State of the lock-owner records store (1 for the current state)",
             store_state.clone(),
@@ -474,11 +461,6 @@ impl Metrics {
             "shutdown_phase",
             "Phase of the init (1 for the current phase)",
             shutdown_phase.clone(),
-        );
-        registry.register(
-            "cancels",
-            "Runs cancelled with tfinit cancel, by how",
-            cancels.clone(),
         );
         registry.register(
             "build",
@@ -692,21 +674,9 @@ mod tests {
             value(&t, "tfinit_signals_forwarded_total{signal=\"other\"}"),
             Some(1.0)
         );
-        assert_eq!(
-            value(
-                &t,
-                "tfinit_force_unlocks_total{backend=\"s3\",outcome=\"unlocked\"}"
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(
-                &t,
-                "tfinit_force_unlocks_total{backend=\"other\",outcome=\"nothing_to_release\"}"
-            ),
-            Some(1.0)
-        );
-        assert_eq!(value(&t, "tfinit_orphan_candidates_total"), Some(2.0));
+        // Not served until the init feeds them.
+        assert!(!t.contains("tfinit_force_unlocks_total"), "{t}");
+        assert!(!t.contains("tfinit_cancels_total"), "{t}");
         assert_eq!(value(&t, "tfinit_runs{state=\"stopping\"}"), Some(4.0));
         assert_eq!(
             value(&t, "tfinit_records_store_state{state=\"open\"}"),
@@ -723,10 +693,6 @@ mod tests {
         assert_eq!(
             value(&t, "tfinit_shutdown_phase{phase=\"running\"}"),
             Some(0.0)
-        );
-        assert_eq!(
-            value(&t, "tfinit_cancels_total{how=\"graceful\"}"),
-            Some(1.0)
         );
         let age = value(&t, "tfinit_heartbeat_age_seconds").unwrap();
         assert!((2.0..10.0).contains(&age), "{age}");

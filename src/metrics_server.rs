@@ -139,7 +139,10 @@ fn read_head(conn: &mut TcpStream) -> io::Result<String> {
 fn respond(head: &str, metrics: &Metrics) -> (u16, String) {
     let mut words = head.lines().next().unwrap_or("").split_whitespace();
     let (Some(method), Some(target)) = (words.next(), words.next()) else {
-        return (400, "tfinit: not an HTTP request\n".into());
+        return (
+            400,
+            "not an HTTP request: tfinit serves GET /metrics\n".into(),
+        );
     };
     let path = target.split('?').next().unwrap_or(target);
     match (method, path) {

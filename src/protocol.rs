@@ -185,6 +185,8 @@ pub enum Request {
     Drain,
     /// Leave draining.
     Resume,
+    /// The metrics, in the OpenMetrics text format (`tfinit metrics`).
+    Metrics,
 }
 
 /// A terraform run as the shim saw it invoked.
@@ -252,6 +254,9 @@ pub struct Reply {
     /// The status document, for `status`, `drain` and `resume`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// The metrics text, for `metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 /// `tfinit status`: the init and its runs.

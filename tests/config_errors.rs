@@ -154,6 +154,19 @@ const SETTINGS: &[Setting] = &[
         bad: &["yes", "-1", HUGE],
         good: "off",
     },
+    Setting {
+        var: "TFINIT_METRICS_ADDR",
+        flag: "--metrics-addr",
+        example: ":9102",
+        bad: &[
+            "9102",
+            ":http",
+            "127.0.0.1:99999",
+            "no-such-host.invalid:9102",
+            HUGE,
+        ],
+        good: "127.0.0.1:0",
+    },
 ];
 
 /// A finished `tfinit ... -- touch MARKER`: its code, its stderr, whether the command ran.

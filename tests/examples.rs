@@ -235,6 +235,7 @@ fn check_workload(
         owner_ttl: value("TFINIT_OWNER_TTL"),
         record_timeout: value("TFINIT_RECORD_TIMEOUT"),
         force_unlock: value("TFINIT_FORCE_UNLOCK"),
+        metrics_addr: value("TFINIT_METRICS_ADDR"),
     };
     ensure!(odd.is_empty(), "{ctx}: tfinit needs values: {odd:?}");
     let cfg = InitConfig::from_args(&args, None)

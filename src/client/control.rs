@@ -80,6 +80,30 @@ pub fn status() -> i32 {
     simple(Request::Status)
 }
 
+/// `tfinit metrics`: the metrics text on stdout.
+pub fn metrics() -> i32 {
+    match ask(Request::Metrics) {
+        Ok(Reply {
+            metrics: Some(text),
+            ..
+        }) => {
+            print!("{text}");
+            0
+        }
+        Ok(reply) => {
+            eprintln!(
+                "tfinit: the init sent no metrics ({}); is it older than this tfinit?",
+                reply.error.unwrap_or_else(|| "no error given".into())
+            );
+            1
+        }
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            EXIT_NO_INIT
+        }
+    }
+}
+
 /// `tfinit resume`.
 pub fn resume() -> i32 {
     simple(Request::Resume)

@@ -3,6 +3,7 @@
 //! in one place (`Init::apply`, supervisor.rs) and feeds what came of them back as inputs.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use nix::unistd::Pid;
 
@@ -11,6 +12,7 @@ use super::spawn::RecoveryArgs;
 use super::token::ConnId;
 use crate::locks::names::RunId;
 use crate::locks::recorder::Request;
+use crate::metrics::Outcome;
 use crate::protocol::{self, ExitNote};
 
 /// Something the loop must do.
@@ -82,6 +84,15 @@ pub(super) enum Action {
     KillHelper(Pid),
     /// Storage work for the recorder thread.
     Record(Request),
+    /// A run of `subcommand` is over (`outcome`, after `took`): the metrics count it.
+    Tally {
+        /// terraform's subcommand.
+        subcommand: String,
+        /// How it ended.
+        outcome: Outcome,
+        /// From the shim's request to the end.
+        took: Duration,
+    },
 }
 
 /// A started terraform, as the log lines of the signals sent to it name it.

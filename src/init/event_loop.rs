@@ -36,7 +36,9 @@ impl Init {
             for ev in &events[..n] {
                 self.dispatch(ev.data(), ev.events());
             }
-            self.on_timers(Instant::now());
+            let now = Instant::now();
+            self.on_timers(now);
+            self.publish(now);
         }
     }
 

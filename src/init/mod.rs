@@ -60,9 +60,12 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
     // network volume may take seconds, or hang), so the loop runs at once; state-locking runs
     // wait in `recording` for the store, at most TFINIT_RECORD_TIMEOUT.
     let records = records::Records::start(&cfg);
+    // Metrics: recorded by the loop into atomics, served by a thread of their own (never by the
+    // loop, so a slow scraper costs it nothing).
+    let metrics = setup::metrics(&cfg);
     // The loop: never exits on a runtime error.
     let (forward, rewrite) = (cfg.forward, cfg.rewrite.clone());
-    match supervisor::Init::new(cfg, mode, signals, listener, records, main_pid) {
+    match supervisor::Init::new(cfg, mode, signals, listener, records, main_pid, metrics) {
         Ok(init) => init.run(),
         Err(e) => {
             // Without epoll we cannot supervise runs; keep forwarding and reaping the plain way

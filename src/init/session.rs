@@ -57,6 +57,8 @@ pub(super) enum Control {
     Drain,
     /// Accept runs again.
     Resume,
+    /// The metrics text.
+    Metrics,
 }
 
 /// One client's conversation.
@@ -210,6 +212,7 @@ fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
         Request::Status => Input::Control(Control::Status),
         Request::Drain => Input::Control(Control::Drain),
         Request::Resume => Input::Control(Control::Resume),
+        Request::Metrics => Input::Control(Control::Metrics),
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{getpid, getuid};
 
-use crate::config::socket_path;
+use crate::config::{socket_path, InitConfig};
 use crate::signals;
 use crate::sys;
 
@@ -126,4 +126,23 @@ impl SocketLike for fs::FileType {
         use std::os::unix::fs::FileTypeExt;
         self.is_socket()
     }
+}
+
+/// The init's metrics, and their HTTP server on TFINIT_METRICS_ADDR when one is set. An address
+/// that cannot be bound (in use, not this host's) is one warning: the init runs without the
+/// server (`tfinit metrics` still answers).
+pub(super) fn metrics(cfg: &InitConfig) -> std::sync::Arc<crate::metrics::Metrics> {
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(env!("CARGO_PKG_VERSION")));
+    if let Some(addr) = cfg.metrics_addr {
+        match crate::metrics_server::start(addr, std::sync::Arc::clone(&metrics)) {
+            Ok(bound) => {
+                tracing::info!(address = %bound, "metrics served at http://{bound}/metrics")
+            }
+            Err(e) => tracing::warn!(
+                address = %addr, error = %e,
+                "TFINIT_METRICS_ADDR={addr} cannot be served ({e}): tfinit runs without the metrics server (`tfinit metrics` still prints them); choose a free port, or unset TFINIT_METRICS_ADDR"
+            ),
+        }
+    }
+    metrics
 }

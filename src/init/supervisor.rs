@@ -8,6 +8,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
+use std::sync::Arc;
 use std::time::Instant;
 
 use nix::errno::Errno;
@@ -30,6 +31,7 @@ use super::{spawn, status};
 use crate::config::InitConfig;
 use crate::duration::fmt_duration;
 use crate::locks::names::RunId;
+use crate::metrics::Metrics;
 use crate::protocol::{self, Kind, Reply};
 use crate::signals::{self, Incoming};
 use crate::sys::{self, SigNo, Target};
@@ -59,6 +61,8 @@ pub(super) struct Init {
     records: Records,
     /// Read buffer for terraform's output.
     scratch: Vec<u8>,
+    /// What the metrics count (atomics the scraper reads).
+    metrics: Arc<Metrics>,
 }
 
 impl Init {
@@ -70,6 +74,7 @@ impl Init {
         listener: Option<UnixListener>,
         records: Records,
         main_pid: Pid,
+        metrics: Arc<Metrics>,
     ) -> io::Result<Init> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let watch = |fd, tok| epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, tok));
@@ -91,7 +96,20 @@ impl Init {
             sigfd,
             records,
             scratch: vec![0u8; protocol::MAX_DATA],
+            metrics,
         })
+    }
+
+    /// Sets the metrics' gauges to what the concerns hold now: atomics a scrape reads, so the
+    /// scraper never asks the loop for anything.
+    pub(super) fn publish(&self, now: Instant) {
+        self.metrics.set_runs(self.runs.counts());
+        let view = self.records.view(now);
+        self.metrics.set_store_state(view.state);
+        if let Some(beat) = view.heartbeat_age.and_then(|age| now.checked_sub(age)) {
+            self.metrics.set_heartbeat(beat);
+        }
+        self.metrics.set_phase(self.timeline.phase().as_str());
     }
 
     /// Waits for events until `timeout`.
@@ -128,6 +146,11 @@ impl Init {
                     self.apply(more);
                 }
                 Action::Adopt { pid, child } => self.children.adopt(pid, child),
+                Action::Tally {
+                    subcommand,
+                    outcome,
+                    took,
+                } => self.metrics.run_ended(&subcommand, outcome, took),
                 Action::Watch(run) => self.watch_pipes(run),
                 Action::Resume(run) => self.resume(run),
                 Action::Drain(run) => {
@@ -260,6 +283,9 @@ impl Init {
             tracing::debug!(signal = %signals::name(to), "controller gone; signal not forwarded");
             return;
         };
+        if sent.is_ok() {
+            self.metrics.forwarded(&signals::name(to));
+        }
         match sent {
             // A stop signal sent on is a shutdown step: logged at info like the others.
             Ok(()) if matches!(signals::classify(signo), Incoming::Shutdown(_)) => {
@@ -416,6 +442,7 @@ impl Init {
     /// Reaps every child that exited (reaper.rs calls waitpid) and hands each exit on.
     pub(super) fn reap(&mut self) {
         let (exits, _) = reaper::reap_all();
+        self.metrics.reaped(exits.len() as u64);
         for (pid, exit) in exits {
             match self.children.reaped(pid, exit) {
                 Reaped::Controller {
@@ -529,9 +556,26 @@ impl Init {
         self.conns.contains(id)
     }
 
-    /// `tfinit status`, `drain` or `resume`: done, and answered with the status document.
+    /// `tfinit status`, `drain` or `resume`: done, and answered with the status document;
+    /// `tfinit metrics`: answered with the metrics text (what a scrape reads).
     fn on_control(&mut self, id: ConnId, control: Control) {
         let error = match control {
+            Control::Metrics => {
+                let now = Instant::now();
+                let news = self.records.take_news(now);
+                self.record_events(news);
+                self.publish(now);
+                let reply = Reply {
+                    v: protocol::VERSION,
+                    ok: true,
+                    error: None,
+                    status: None,
+                    metrics: Some(self.metrics.render()),
+                };
+                let after = self.conns.reply(id, &self.epoll, &reply);
+                self.after_conn(after);
+                return;
+            }
             Control::Status => None,
             Control::Drain => {
                 if self.timeline.drain() {
@@ -575,6 +619,7 @@ impl Init {
                 &self.runs,
                 now,
             )),
+            metrics: None,
         };
         let after = self.conns.reply(id, &self.epoll, &reply);
         self.after_conn(after);

@@ -14,6 +14,7 @@ use super::{Runs, LINGER};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::record;
+use crate::metrics::Outcome;
 use crate::protocol::ExitNote;
 use crate::signals;
 
@@ -231,8 +232,10 @@ impl Runs {
     /// Ends a run once terraform was reaped and its output fully drained: its shim gets the exit
     /// code, and its record is removed when terraform exited by itself (kept when killed).
     fn finish_if_done(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
-        let exit = match self.table.get(&id).map(|r| &r.life) {
-            Some(Life::Exited { exit, pipes, .. }) if !pipes.is_open() => *exit,
+        let (exit, stop) = match self.table.get(&id).map(|r| &r.life) {
+            Some(Life::Exited {
+                exit, pipes, stop, ..
+            }) if !pipes.is_open() => (*exit, *stop),
             _ => return,
         };
         let Some(run) = self.table.remove(&id) else {
@@ -266,6 +269,11 @@ impl Runs {
             };
             acts.push(Action::Answer { conn, note });
         }
+        acts.push(Action::Tally {
+            subcommand: job.invocation.subcommand.clone(),
+            outcome: outcome_of(exit, stop),
+            took: job.started.elapsed().unwrap_or_default(),
+        });
     }
 
     /// Time-driven work at `now`: runs that waited too long for the store go on; an abandoned
@@ -313,6 +321,17 @@ impl Runs {
 /// A state-locking run is over: its record is removed when terraform exited by itself, and
 /// kept, marked ended, when it may have left its lock (the recorder does either, in order after
 /// the record's other writes). `in_progress`: the operations it left unfinished.
+/// How a run ended, as the metrics count it: what tfinit did to it first, else its exit.
+fn outcome_of(exit: Exit, stop: Stop) -> Outcome {
+    match (exit, stop) {
+        (_, Stop::Killed { .. }) => Outcome::Killed,
+        (_, s) if s.graceful() => Outcome::StoppedGracefully,
+        (Exit::Signal(_), _) => Outcome::Signalled,
+        (Exit::Code(0), _) => Outcome::Succeeded,
+        (Exit::Code(_), _) => Outcome::Failed,
+    }
+}
+
 fn close_record(
     job: &Job,
     exit: Exit,

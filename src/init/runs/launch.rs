@@ -15,7 +15,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::unistd::Pid;
 
@@ -29,6 +29,7 @@ use super::super::token::ConnId;
 use super::life::{Helper, Job, Life, Pending, Pipes, Run, Stop};
 use super::Runs;
 use crate::locks::names::RunId;
+use crate::metrics::Outcome;
 use crate::protocol::{self, ExitNote, RunRequest};
 use crate::terraform;
 
@@ -50,7 +51,15 @@ impl Runs {
     ) -> Vec<Action> {
         if let Some(why) = phase.refusal() {
             tracing::info!(phase = phase.as_str(), args = ?terraform::redact(&request.args), cwd = %request.cwd, "terraform run refused");
-            return vec![why.answer(conn, None)];
+            let subcommand = terraform::Invocation::parse(&request.args, &request.env).subcommand;
+            return vec![
+                why.answer(conn, None),
+                Action::Tally {
+                    subcommand,
+                    outcome: Outcome::Refused,
+                    took: Duration::ZERO,
+                },
+            ];
         }
         let id = self.next_id();
         let job = Job::new(id, conn, &request, SystemTime::now());
@@ -326,6 +335,11 @@ impl Runs {
         if let Some(conn) = run.job.conn {
             acts.push(why.answer(conn, Some(id)));
         }
+        acts.push(Action::Tally {
+            subcommand: run.job.invocation.subcommand.clone(),
+            outcome: Outcome::Refused,
+            took: Duration::ZERO,
+        });
     }
 
     /// The init stopped accepting runs (shutdown, drain): every run that has not started because

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use life::{Life, Run};
+use life::{Life, Run, Stop};
 
 use super::action::Action;
 use super::records::{RecordEvent, Records};
@@ -59,6 +59,27 @@ impl Runs {
     /// How many runs there are.
     pub(super) fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// How many runs are in each state of `tfinit_runs{state}` (terraform exited and its output
+    /// draining counts in none).
+    pub(super) fn counts(&self) -> crate::metrics::RunCounts {
+        use crate::metrics::RunState as M;
+        let mut counts = [0i64; 5];
+        for run in self.table.values() {
+            let state = match &run.life {
+                Life::AwaitingRecords { .. } | Life::Recovering { .. } => M::Recovering,
+                Life::Recording { .. } => M::Recording,
+                Life::Launching { .. } => M::Running,
+                Life::Running { stop, .. } if *stop == Stop::None => M::Running,
+                Life::Running { .. } => M::Stopping,
+                Life::Exited { .. } => continue,
+            };
+            if let Some(i) = M::ALL.iter().position(|s| *s == state) {
+                counts[i] += 1;
+            }
+        }
+        counts
     }
 
     /// The `tfinit status` entries, oldest first.

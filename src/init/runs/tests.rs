@@ -191,6 +191,11 @@ fn names(acts: &[Action]) -> Vec<String> {
                 Request::Heartbeat => "record heartbeat".into(),
                 Request::Rescan => "record rescan".into(),
             },
+            Action::Tally {
+                subcommand,
+                outcome,
+                ..
+            } => format!("tally {subcommand} {}", outcome.label()),
         })
         .collect()
 }
@@ -210,7 +215,7 @@ fn a_run_that_takes_no_lock_starts_at_once_and_answers_its_shim_when_its_output_
     assert!(acts.is_empty(), "its output is still being read: {acts:?}");
     assert_eq!(state(&runs), [("r1".into(), "exited".into())]);
     let acts = close_pipes(&mut runs, r(1), &mut rec);
-    assert_eq!(names(&acts), ["answer 7 0 r1"]);
+    assert_eq!(names(&acts), ["answer 7 0 r1", "tally version succeeded"]);
     assert!(runs.is_empty());
 }
 
@@ -221,7 +226,7 @@ fn requests_are_refused_with_75_while_draining_and_no_run_exists() {
     let mut runs = runs();
     let req = request(&["apply"], "/tf/x");
     let acts = runs.request(c(3), req, None, Phase::Draining, &mut rec, t);
-    assert_eq!(names(&acts), ["answer 3 75 -"]);
+    assert_eq!(names(&acts), ["answer 3 75 -", "tally apply refused"]);
     let Action::Answer { note, .. } = &acts[0] else {
         unreachable!()
     };
@@ -262,7 +267,10 @@ fn runs_waiting_for_the_store_are_refused_at_shutdown_and_their_records_removed(
     let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
     assert_eq!(names(&acts), ["attach 1 r1", "record create r1"]);
     let acts = runs.refuse_waiting(Refusal::ShuttingDown, &mut rec);
-    assert_eq!(names(&acts), ["record remove r1", "answer 1 75 r1"]);
+    assert_eq!(
+        names(&acts),
+        ["record remove r1", "answer 1 75 r1", "tally apply refused"]
+    );
     assert!(runs.is_empty());
 }
 
@@ -405,7 +413,10 @@ fn a_killed_locking_run_keeps_its_record_marked_ended_and_its_leftovers_go() {
     let acts = runs.terraform_exited(r(1), Exit::Signal(9), false, &mut rec, t);
     assert_eq!(names(&acts), ["kill leftovers r1 100"]);
     let acts = close_pipes(&mut runs, r(1), &mut rec);
-    assert_eq!(names(&acts), ["record end r1", "answer 1 137 r1"]);
+    assert_eq!(
+        names(&acts),
+        ["record end r1", "answer 1 137 r1", "tally apply signalled"]
+    );
 }
 
 #[test]
@@ -456,7 +467,10 @@ fn the_fence_stops_recorded_runs_and_refuses_the_next_one_whose_record_lands() {
     // r2's record lands now: it would be stopped at once, so it is refused.
     let events = rec.feed(landed(2), late);
     let acts = runs.on_record_events(events, &mut rec, late);
-    assert_eq!(names(&acts), ["record remove r2", "answer 2 75 r2"]);
+    assert_eq!(
+        names(&acts),
+        ["record remove r2", "answer 2 75 r2", "tally apply refused"]
+    );
     let Action::Answer { note, .. } = &acts[1] else {
         unreachable!()
     };

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::spawn::RecoveryArgs;
 use crate::config::InitConfig;
-use crate::locks::book::{Book, Event, FenceStage, RecordStatus, Start, View};
+use crate::locks::book::{Book, Event, RecordStatus, Start, View};
 use crate::locks::liveness::monotonic_ns;
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner, Record};
@@ -272,11 +272,11 @@ impl Records {
         })
     }
 
-    /// Whether `run` must not start because its record is (or may soon be) on the volume while
-    /// the heartbeat is not: the fence would stop it at once.
+    /// Whether state-locking `run` must not start because this owner's heartbeat does not land:
+    /// the fence would stop it at once (its lock would carry the Who of an owner other pods may
+    /// soon take for dead), recorded or not.
     pub(super) fn fenced(&self, run: RunId) -> bool {
-        let recorded = self.book.record(run).is_some_and(RecordStatus::may_exist);
-        recorded && self.book.fence_stage() != FenceStage::Clear
+        !self.book.may_launch(run)
     }
 
     /// Whether `run`'s record is one to keep when terraform may have left its lock: it was, or

@@ -887,29 +887,30 @@ impl Book {
             FenceStage::Stopping if now >= f.kill_at => true,
             _ => return None,
         };
-        let mut runs = self.recorded_runs();
-        if runs.is_empty() {
-            return None;
-        }
-        runs.sort();
         self.fence = if kill {
             FenceStage::Killing
         } else {
             FenceStage::Stopping
         };
+        // Every state-locking run of this incarnation, recorded or not: its lock carries this
+        // owner's Who, which another pod may release once it takes this owner for dead (the
+        // simulation found an unrecorded run's lock released so, seed 1094).
+        let mut runs: Vec<RunId> = self.runs.keys().copied().collect();
+        if runs.is_empty() {
+            return None;
+        }
+        runs.sort();
         Some(Event::Fence { runs, kill })
     }
 
-    /// The runs whose record is, or may soon be, on the volume.
-    fn recorded_runs(&self) -> Vec<RunId> {
-        self.runs
-            .iter()
-            .filter(|(_, r)| r.record.may_exist())
-            .map(|(id, _)| *id)
-            .collect()
+    /// Whether state-locking `run` may start terraform now: not while the fence is up (its lock
+    /// would carry the Who of an owner other pods may soon take for dead), recorded or not. A run
+    /// the book does not know (it takes no lock) always may.
+    pub fn may_launch(&self, run: RunId) -> bool {
+        !self.runs.contains_key(&run) || self.fence == FenceStage::Clear
     }
 
-    /// How far the fence has gone: a run with a record may start only while it is `Clear`.
+    /// How far the fence has gone: a state-locking run may start only while it is `Clear`.
     pub fn fence_stage(&self) -> FenceStage {
         self.fence
     }
@@ -936,7 +937,7 @@ impl Book {
             .map(|t| t + self.ttl / 2 + Duration::from_millis(1));
         let fence = self
             .heartbeat_ok
-            .filter(|_| self.has_records())
+            .filter(|_| !self.runs.is_empty())
             .and_then(|b| {
                 let f = Fence::after(b, self.ttl);
                 match self.fence {
@@ -1438,6 +1439,7 @@ mod tests {
             seq,
             updated_ms,
             holds_lock: true,
+            host: String::new(),
         }
     }
 
@@ -1740,7 +1742,7 @@ mod tests {
     }
 
     #[test]
-    fn recorded_runs_are_stopped_then_killed_before_any_observer_may_call_us_dead() {
+    fn locking_runs_are_stopped_then_killed_before_any_observer_may_call_us_dead() {
         let t = Instant::now();
         let mut b = open_book(t);
         recorded(&mut b, RunId::from(1), "p1", t);
@@ -1774,19 +1776,23 @@ mod tests {
             "once"
         );
         assert_eq!(b.fence_stage(), FenceStage::Stopping);
-        // No new record while the fence is up.
+        // No new record while the fence is up, and no state-locking run may start at all: its
+        // lock would carry this owner's Who (the simulation's seed 1094 found an unrecorded
+        // run's lock released by a pod that took this owner for dead).
         assert!(matches!(
             begin(&mut b, RunId::from(3), stop_at),
             Start::Unrecorded(Some(_))
         ));
+        assert!(!b.may_launch(RunId::from(3)));
+        assert!(b.may_launch(RunId::from(9)), "a run that takes no lock may");
         assert_eq!(b.next_wakeup().map(|w| w <= kill_at), Some(true));
         let ev = b.tick(kill_at);
         assert!(
             ev.contains(&Event::Fence {
-                runs: vec![RunId::from(1)],
+                runs: vec![RunId::from(1), RunId::from(3)],
                 kill: true
             }),
-            "{ev:?}"
+            "every state-locking run, recorded or not: {ev:?}"
         );
         assert!(b
             .fence_notice(&[RunId::from(1)], true, kill_at)

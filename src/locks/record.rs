@@ -252,6 +252,11 @@ pub struct Heartbeat {
     /// (`owners/<name>.<incarnation>.lock`), so that the lock being free proves them all gone.
     #[serde(default)]
     pub holds_lock: bool,
+    /// The hostname this incarnation's terraform runs see: the host part of their locks' Who.
+    /// A lock whose Who names the host of a live tfinit is never released (its unrecorded runs
+    /// lock as that Who too).
+    #[serde(default)]
+    pub host: String,
 }
 
 /// A record file found on disk.

@@ -614,6 +614,7 @@ impl Worker {
             seq: self.seq,
             updated_ms: now_ms(),
             holds_lock: self.holds_lock,
+            host: self.host.clone(),
         };
         let written = self.store.write_heartbeat(&hb);
         if written.is_ok() {
@@ -940,6 +941,9 @@ pub(crate) mod tests {
         }
         fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
             self.with(|i| i.heartbeats.get(&owner.key()).cloned())
+        }
+        fn heartbeats(&self) -> Vec<Heartbeat> {
+            self.with(|i| i.heartbeats.values().cloned().collect())
         }
         fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
             self.with(|i| {

@@ -32,7 +32,7 @@ use super::liveness::{
     self, last_alive_ms, run_state, Facts, Observer, RunState, Seen, Token, Verdict,
 };
 use super::lockinfo::{self, LockInfo, Probe};
-use super::record::{self, Found, NeedsPerson, Owner, Record};
+use super::record::{self, Found, Heartbeat, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
 use super::workspace::data_dir;
 use crate::duration::fmt_duration;
@@ -101,6 +101,35 @@ pub enum Decision {
     NotOurs(String),
     /// Could be the dead run's, could be a live one's.
     Ambiguous(String),
+}
+
+/// The host part of a lock's Who (`user@host`).
+pub fn who_host(who: &str) -> &str {
+    who.rsplit_once('@').map_or(who, |(_, host)| host)
+}
+
+/// A tfinit that may be alive (`alive` says so of each heartbeat's incarnation) and runs
+/// terraform on the host that lock Who `who` names, other than `me`: its runs lock as that Who
+/// whether they have records or not, so such a lock may be one of theirs.
+pub fn live_on_host<'a>(
+    who: &str,
+    me: &Owner,
+    beats: impl IntoIterator<Item = &'a Heartbeat>,
+    mut alive: impl FnMut(&Heartbeat) -> bool,
+) -> Option<String> {
+    let host = who_host(who);
+    beats
+        .into_iter()
+        .filter(|hb| !hb.host.is_empty() && hb.host == host)
+        .filter(|hb| !hb.owner.same_incarnation(me))
+        .find(|hb| alive(hb))
+        .map(|hb| {
+            format!(
+                "tfinit {} (incarnation {}) may be alive on host {host}, and its runs lock as {who}",
+                hb.owner.name,
+                hb.owner.incarnation()
+            )
+        })
 }
 
 /// Decides on the evidence alone (no I/O), so every rule is unit-tested. The lock is the dead
@@ -628,11 +657,29 @@ impl Recovery {
             })
             .find(|(_, r)| !matches!(self.state_now(observer, r), RunState::Over(_)))
             .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name));
+        let beats = self.store.heartbeats();
+        let on_host = live_on_host(&info.who, &self.me, &beats, |hb| {
+            let facts = Facts {
+                owner: hb.owner.clone(),
+                updated_ms: hb.updated_ms,
+                ended: None,
+                needs_person_by: None,
+            };
+            let kernel = self.kernel(&hb.owner);
+            if kernel.is_none() {
+                self.read_beat(observer, &hb.owner);
+            }
+            let verdict = observer.verdict(&hb.owner.key(), Instant::now());
+            !matches!(
+                run_state(&self.me, &facts, kernel, verdict),
+                RunState::Over(_)
+            )
+        });
         Window {
             not_before_ms: rec.started_ms.saturating_sub(skew),
             not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
                 .saturating_add(skew),
-            live_same_who: twin.or_else(|| {
+            live_same_who: twin.or(on_host).or_else(|| {
                 self.live
                     .iter()
                     .find(|l| {
@@ -983,6 +1030,7 @@ mod tests {
             seq: 4,
             updated_ms: t0 + 20_000,
             holds_lock: true,
+            host: String::new(),
         };
         assert_eq!(last_alive_ms(&facts, Some(&hb), ttl), t0 + 50_000);
         // Another incarnation's heartbeat says nothing about this one.

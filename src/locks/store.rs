@@ -85,6 +85,10 @@ pub trait Store: Send {
     /// The heartbeats of every incarnation named `name` (to tell that two live inits share it).
     fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat>;
 
+    /// The heartbeats of every incarnation (current format), to tell which hosts live tfinits
+    /// run on.
+    fn heartbeats(&self) -> Vec<Heartbeat>;
+
     /// Writes `hb`, its incarnation's heartbeat.
     fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()>;
 
@@ -368,6 +372,22 @@ impl Store for FileStore {
             read(format!("{}.json", owner.name))
                 .filter(|hb| hb.v == 1 && hb.owner.same_incarnation(owner))
         })
+    }
+
+    fn heartbeats(&self) -> Vec<Heartbeat> {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let stem = file.strip_suffix(".json")?;
+                let bytes = read_limited(&e.path()).ok()?;
+                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
+                let own_file = stem == format!("{}.{}", hb.owner.name, hb.owner.incarnation());
+                (hb.v == HEARTBEAT_FORMAT && own_file).then_some(hb)
+            })
+            .collect()
     }
 
     fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
@@ -869,6 +889,7 @@ mod tests {
             seq,
             updated_ms,
             holds_lock: true,
+            host: String::new(),
         }
     }
 

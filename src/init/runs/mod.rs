@@ -99,6 +99,10 @@ impl Runs {
         self.table
             .values()
             .filter_map(|r| match r.life {
+                // A wait blocked by a recovery in its directory ends with that recovery (its
+                // helper's exit wakes the loop), not at its deadline: counting an expired one
+                // here would spin the loop on a zero timeout (found by the simulation).
+                Life::AwaitingRecords { .. } if self.recovering_in(&r.job.workdir) => None,
                 Life::AwaitingRecords { deadline, .. } => Some(deadline),
                 Life::Exited { linger_until, .. } => Some(linger_until),
                 _ => r.kill_due(),

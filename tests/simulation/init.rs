@@ -1,0 +1,966 @@
+//! The init's loop, as far as records and locks go (src/init/records.rs and launch.rs): a
+//! state-locking run's check (wait while the store opens, while a recovery runs in its
+//! directory, while our own end-markings there are on their way; a helper when the book says a
+//! recovery is needed), its record, its launch (refused while the fence is up), the book's
+//! timers and fence, and what happens when terraform ends. Also terraform itself (takes the
+//! backend lock, works, releases it; SIGTERM and SIGKILL) and the life of pods and containers.
+//! Under `Rules::Legacy` the book is the old one and nothing serialises recoveries per directory.
+
+use std::time::Instant;
+
+use tfinit::locks::book::{Book, Event, Start};
+use tfinit::locks::liveness::{last_alive_ms, Facts};
+use tfinit::locks::names::RunId;
+use tfinit::locks::record::{Ended, Owner, Record, FORMAT};
+use tfinit::locks::recorder::{Request, WriteError};
+use tfinit::locks::recover::{who_host, CLOCK_SKEW};
+
+use super::legacy;
+use super::world::{
+    workdir_path, workspace_name, BookSide, Comp, EnvEv, Ev, Helper, Inc, Job, Life, Lock, LoopEv,
+    Obligation, PState, Proc, RecQueue, Rules, Run, Spawn, World, CALM_OP_MAX,
+};
+
+/// The helper's probe and unlock take at most this long (helper.rs).
+const PROBE_MAX: u64 = 2_000;
+
+impl World {
+    /// An event that is not a task's.
+    pub fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Loop(inc, lev) => self.on_loop(inc, lev),
+            Ev::Proc(p, gen) => self.on_proc_timer(p, gen),
+            Ev::Env(n) => self.on_env(n),
+            Ev::Hard(pod) => {
+                if let Some(inc) = self.pods[pod].inc {
+                    self.kill_inc(inc, "the kubelet's SIGKILL at the end of the grace period");
+                }
+            }
+            Ev::Wake(_) | Ev::Call(_) => unreachable!("the executor runs these"),
+        }
+    }
+
+    fn on_loop(&mut self, inc: usize, lev: LoopEv) {
+        if !self.incs[inc].alive {
+            return;
+        }
+        if matches!(lev, LoopEv::Wake) && self.incs[inc].wake_pending == Some(self.now) {
+            self.incs[inc].wake_pending = None;
+        }
+        if let Some(end) = self.frozen_until(self.incs[inc].pod) {
+            self.at(end, Ev::Loop(inc, lev));
+            return;
+        }
+        match lev {
+            LoopEv::Wake => {}
+            LoopEv::Request {
+                workdir,
+                ws,
+                observed,
+            } => self.start_run(inc, workdir, ws, observed),
+            LoopEv::Reaped { proc } => self.on_reaped(inc, proc),
+            LoopEv::HelperExit { helper } => self.on_helper_exit(inc, helper),
+        }
+        // As event_loop.rs: the dispatch, then the timers.
+        self.on_timers(inc);
+        self.maybe_exit(inc);
+        self.schedule_wake(inc);
+    }
+
+    fn mono_of(&self, inc: usize) -> Instant {
+        self.mono(self.incs[inc].node)
+    }
+
+    /// Takes the completions waiting (records.rs: on_recorder).
+    fn on_recorder(&mut self, inc: usize) {
+        let done = std::mem::take(&mut self.incs[inc].inbox);
+        let now = self.mono_of(inc);
+        for c in done {
+            let events = match (&mut self.incs[inc].book, c) {
+                (BookSide::New(b), Comp::New(c)) => b.on_completion(c, now),
+                (BookSide::Old(b), Comp::Old(c)) => b.on_completion(c, now),
+                _ => unreachable!("one kind of completion per rule set"),
+            };
+            self.apply(inc, events);
+        }
+    }
+
+    /// The book's timers, then the runs that waited too long (records.rs: on_record_timers).
+    fn on_timers(&mut self, inc: usize) {
+        self.on_recorder(inc);
+        let now = self.mono_of(inc);
+        let events = match &mut self.incs[inc].book {
+            BookSide::New(b) => b.tick(now),
+            BookSide::Old(b) => b.tick(now),
+        };
+        self.apply(inc, events);
+        let expired: Vec<u64> = self.incs[inc]
+            .runs
+            .iter()
+            .filter(|(_, r)| matches!(r.life, Life::Awaiting { deadline } if deadline <= now))
+            .filter(|(_, r)| !self.recovering_in(inc, r.workdir))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in expired {
+            if let Some(run) = self.incs[inc].runs.remove(&k) {
+                let Life::Awaiting { deadline } = run.life else {
+                    unreachable!()
+                };
+                self.record_step(inc, k, run, Some(deadline));
+            }
+        }
+    }
+
+    /// Does what the book asks (records.rs: apply), then resumes runs that may go on.
+    fn apply(&mut self, inc: usize, events: Vec<Event>) {
+        for e in events {
+            match e {
+                Event::Log(n) => {
+                    let key = self.incs[inc].key.clone();
+                    self.log(|| format!("{key}: {}", n.message()));
+                }
+                Event::Start { run, .. } => self.record_settled(inc, run),
+                Event::Fence { runs, kill } => {
+                    let key = self.incs[inc].key.clone();
+                    self.log(|| {
+                        format!(
+                            "{key}: fence {} {runs:?}",
+                            if kill { "SIGKILL" } else { "SIGTERM" }
+                        )
+                    });
+                    for id in runs {
+                        let proc = self.incs[inc].runs.values().find_map(|r| match r.life {
+                            Life::Running { proc } if r.id == id => Some(proc),
+                            _ => None,
+                        });
+                        if let Some(p) = proc {
+                            if kill {
+                                self.sigkill(p);
+                            } else {
+                                self.sigterm(p);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.resume_awaiting(inc);
+    }
+
+    /// Whether a recovery helper runs in `workdir` (today's rule; the old init had none).
+    fn recovering_in(&self, inc: usize, workdir: u8) -> bool {
+        self.cfg.rules == Rules::New
+            && self.incs[inc]
+                .runs
+                .values()
+                .any(|r| r.workdir == workdir && matches!(r.life, Life::Recovering { .. }))
+    }
+
+    fn resume_awaiting(&mut self, inc: usize) {
+        let ready: Vec<u64> = self.incs[inc]
+            .runs
+            .iter()
+            .filter(|(_, r)| matches!(r.life, Life::Awaiting { .. }))
+            .filter(|(_, r)| {
+                let i = &self.incs[inc];
+                let path = workdir_path(r.workdir);
+                let (opening, may) = match &i.book {
+                    BookSide::New(b) => (b.opening(), b.may_recover(&path)),
+                    BookSide::Old(b) => (b.opening(), b.may_recover(&path)),
+                };
+                !opening && may && !self.recovering_in(inc, r.workdir)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in ready {
+            if let Some(run) = self.incs[inc].runs.remove(&k) {
+                let Life::Awaiting { deadline } = run.life else {
+                    unreachable!()
+                };
+                self.check_lock(inc, k, run, Some(deadline));
+            }
+        }
+    }
+
+    /// A shim asks for a state-locking run (launch.rs: start_run).
+    fn start_run(&mut self, inc: usize, workdir: u8, ws: u8, observed: bool) {
+        if self.incs[inc].stopping {
+            return;
+        }
+        let k = self.incs[inc].next_run;
+        self.incs[inc].next_run += 1;
+        let now = self.mono_of(inc);
+        let run = Run {
+            id: RunId::from(k),
+            workdir,
+            ws,
+            life: Life::Awaiting { deadline: now },
+            observed,
+        };
+        let key = self.incs[inc].key.clone();
+        self.log(|| {
+            format!(
+                "{key}: run r{k} asked for in /tf/w{workdir} {}",
+                workspace_name(ws)
+            )
+        });
+        self.check_lock(inc, k, run, None);
+    }
+
+    /// launch.rs: check_lock.
+    fn check_lock(&mut self, inc: usize, k: u64, mut run: Run, deadline: Option<Instant>) {
+        let now = self.mono_of(inc);
+        let deadline =
+            deadline.unwrap_or(now + std::time::Duration::from_millis(self.cfg.record_timeout));
+        self.on_recorder(inc);
+        let path = workdir_path(run.workdir);
+        let opening = match &self.incs[inc].book {
+            BookSide::New(b) => b.opening(),
+            BookSide::Old(b) => b.opening(),
+        };
+        if opening || self.recovering_in(inc, run.workdir) {
+            run.life = Life::Awaiting { deadline };
+            self.incs[inc].runs.insert(k, run);
+            return;
+        }
+        if run.observed {
+            self.owe(inc, run.workdir, run.ws);
+        }
+        let wall = self.wall(self.incs[inc].node);
+        let (needs, may) = match &self.incs[inc].book {
+            BookSide::New(b) => (b.needs_recovery(&path, now), b.may_recover(&path)),
+            BookSide::Old(b) => (b.needs_recovery(&path, wall), b.may_recover(&path)),
+        };
+        if !needs {
+            return self.record_step(inc, k, run, Some(deadline));
+        }
+        if !may {
+            run.life = Life::Awaiting { deadline };
+            self.incs[inc].runs.insert(k, run);
+            return;
+        }
+        let live = match &self.incs[inc].book {
+            BookSide::New(b) => b.live_runs(),
+            BookSide::Old(b) => b.live_runs(),
+        };
+        let h = self.helpers.len();
+        let task = self.spawn(Spawn::Helper(h), None);
+        self.helpers.push(Helper {
+            inc,
+            workdir: run.workdir,
+            task,
+            alive: true,
+            live,
+            started: self.now,
+        });
+        self.stats.helpers += 1;
+        self.incs[inc].helpers.push(h);
+        let key = self.incs[inc].key.clone();
+        self.log(|| {
+            format!(
+                "{key}: helper {h} for run {} in /tf/w{}",
+                run.id, run.workdir
+            )
+        });
+        run.life = Life::Recovering { helper: h };
+        self.incs[inc].runs.insert(k, run);
+    }
+
+    /// launch.rs: record_step.
+    fn record_step(&mut self, inc: usize, k: u64, mut run: Run, deadline: Option<Instant>) {
+        let now = self.mono_of(inc);
+        let path = workdir_path(run.workdir);
+        let ws = workspace_name(run.ws);
+        let start = match &mut self.incs[inc].book {
+            BookSide::New(b) => b.begin(run.id, &path, &ws, &[], now, deadline),
+            BookSide::Old(b) => b.begin(run.id, &path, &ws, now, deadline),
+        };
+        match start {
+            Start::Unrecorded(_) => self.launch(inc, k, run),
+            Start::Record { .. } => {
+                let wall = self.wall(self.incs[inc].node);
+                let record = Record {
+                    v: FORMAT,
+                    owner: self.incs[inc].owner.clone(),
+                    who: String::new(),
+                    run_id: run.id.to_string(),
+                    cwd: path.to_string_lossy().into_owned(),
+                    workdir: path.to_string_lossy().into_owned(),
+                    workspace: ws,
+                    subcommand: "apply".into(),
+                    argv: vec!["apply".into()],
+                    started_ms: wall,
+                    in_progress: Vec::new(),
+                    updated_ms: wall,
+                    ended: None,
+                    needs_person: None,
+                };
+                let id = run.id;
+                run.life = Life::Recording;
+                self.incs[inc].runs.insert(k, run);
+                self.push_job(
+                    inc,
+                    Job::Create {
+                        run: id,
+                        record: Box::new(record),
+                    },
+                );
+            }
+        }
+    }
+
+    /// The book says a run waiting in `recording` may start.
+    fn record_settled(&mut self, inc: usize, id: RunId) {
+        let k = self.incs[inc]
+            .runs
+            .iter()
+            .find(|(_, r)| r.id == id && matches!(r.life, Life::Recording))
+            .map(|(k, _)| *k);
+        if let Some(k) = k {
+            let run = self.incs[inc].runs.remove(&k).expect("found above");
+            self.launch(inc, k, run);
+        }
+    }
+
+    /// launch.rs: launch (refused while the fence is up), then terraform starts.
+    fn launch(&mut self, inc: usize, k: u64, mut run: Run) {
+        let refused = match &self.incs[inc].book {
+            BookSide::New(b) => !b.may_launch(run.id),
+            BookSide::Old(_) => false,
+        };
+        if refused || self.incs[inc].stopping {
+            self.forget_record(inc, run.id);
+            return;
+        }
+        let p = self.procs.len();
+        let work = match self.rng.below(10) {
+            0..=5 => self.rng.range(100, self.cfg.ttl),
+            _ => self.rng.range(self.cfg.ttl, 3 * self.cfg.ttl),
+        };
+        let stubborn = self.rng.chance(150);
+        self.procs.push(Proc {
+            inc,
+            run: run.id,
+            workdir: run.workdir,
+            ws: run.ws,
+            who: format!("@{}", self.incs[inc].host),
+            state: PState::Starting,
+            gen: 0,
+            lock: None,
+            started: self.now,
+            work,
+            stubborn,
+            killed: false,
+            died: u64::MAX,
+        });
+        let t = self.now + self.rng.range(20, 1500);
+        self.at(t, Ev::Proc(p, 0));
+        let key = self.incs[inc].key.clone();
+        self.log(|| {
+            format!(
+                "{key}: terraform {p} starts for run {} in /tf/w{}",
+                run.id, run.workdir
+            )
+        });
+        run.life = Life::Running { proc: p };
+        self.incs[inc].runs.insert(k, run);
+    }
+
+    /// A run that never started is over: its record is removed.
+    fn forget_record(&mut self, inc: usize, id: RunId) {
+        let req = match &mut self.incs[inc].book {
+            BookSide::New(b) => b.exited(id, None, Vec::new()),
+            BookSide::Old(b) => b.exited(id, None),
+        };
+        if let Some(r) = req {
+            self.send_request(inc, r);
+        }
+    }
+
+    fn send_request(&mut self, inc: usize, r: Request) {
+        match r {
+            Request::End { run, ended, .. } => self.push_job(inc, Job::End { run, ended }),
+            Request::Remove { run } => self.push_job(inc, Job::Remove { run }),
+            Request::Rescan => {
+                self.incs[inc].rq.rescan = true;
+                self.wake_recorder(inc);
+            }
+            Request::Heartbeat => {
+                self.incs[inc].rq.heartbeat = true;
+                self.wake_recorder(inc);
+            }
+            Request::Create { .. } | Request::Progress { .. } => {}
+        }
+    }
+
+    fn push_job(&mut self, inc: usize, job: Job) {
+        let cancelled = self.incs[inc].rq.push(job);
+        let new = self.cfg.rules == Rules::New;
+        for run in cancelled {
+            let c = super::world::created(new, run, Err(WriteError::Cancelled));
+            self.send(inc, c, true);
+        }
+        self.wake_recorder(inc);
+    }
+
+    fn wake_recorder(&mut self, inc: usize) {
+        if std::mem::take(&mut self.incs[inc].rec_idle) {
+            let task = self.incs[inc].rec_task;
+            let now = self.now;
+            self.at(now, Ev::Wake(task));
+        }
+    }
+
+    /// SIGCHLD for terraform process `p` (launch/finish: the book hears how it ended).
+    fn on_reaped(&mut self, inc: usize, p: usize) {
+        let k = self.incs[inc]
+            .runs
+            .iter()
+            .find(|(_, r)| matches!(r.life, Life::Running { proc } if proc == p))
+            .map(|(k, _)| *k);
+        let Some(k) = k else {
+            return;
+        };
+        let run = self.incs[inc].runs.remove(&k).expect("found above");
+        let ended = self.procs[p].killed.then(|| Ended {
+            ms: self.wall(self.incs[inc].node),
+            how: "killed by SIGKILL".into(),
+        });
+        let req = match &mut self.incs[inc].book {
+            BookSide::New(b) => b.exited(run.id, ended, Vec::new()),
+            BookSide::Old(b) => b.exited(run.id, ended),
+        };
+        if let Some(r) = req {
+            self.send_request(inc, r);
+        }
+    }
+
+    /// launch.rs: on_recovery_exit.
+    fn on_helper_exit(&mut self, inc: usize, h: usize) {
+        let k = self.incs[inc]
+            .runs
+            .iter()
+            .find(|(_, r)| matches!(r.life, Life::Recovering { helper } if helper == h))
+            .map(|(k, _)| *k);
+        let Some(k) = k else {
+            return;
+        };
+        let run = self.incs[inc].runs.remove(&k).expect("found above");
+        let now = self.mono_of(inc);
+        let path = workdir_path(run.workdir);
+        let rescan = match &mut self.incs[inc].book {
+            BookSide::New(b) => b.recovery_done(&path, now),
+            BookSide::Old(b) => b.recovery_done(&path, now),
+        };
+        self.send_request(inc, rescan);
+        if self.incs[inc].stopping {
+            return;
+        }
+        self.record_step(inc, k, run, None);
+    }
+
+    /// The loop's next timer: the book's, and the waiting runs' deadlines.
+    fn schedule_wake(&mut self, inc: usize) {
+        if !self.incs[inc].alive {
+            return;
+        }
+        let book = match &self.incs[inc].book {
+            BookSide::New(b) => b.next_wakeup(),
+            BookSide::Old(b) => b.next_wakeup(),
+        };
+        // A run whose wait is blocked by a recovery in its directory goes on when that recovery
+        // ends (the helper's exit wakes the loop): the real loop leaves its deadline out of the
+        // epoll timeout (runs::next_wakeup), as here. (It once kept it there and woke every
+        // millisecond until then; `spin_ms` counted that and stays 0 now.)
+        let waits: Vec<Instant> = self.incs[inc]
+            .runs
+            .values()
+            .filter_map(|r| match r.life {
+                Life::Awaiting { .. } if self.recovering_in(inc, r.workdir) => None,
+                Life::Awaiting { deadline } => Some(deadline),
+                _ => None,
+            })
+            .collect();
+        let Some(next) = book.into_iter().chain(waits).min() else {
+            return;
+        };
+        let mut t = self.nodes[self.incs[inc].node].real_at(next);
+        if t <= self.now {
+            // A timer already due after the tick: the real loop would wake again in 1 ms.
+            self.stats.past_timers += 1;
+            t = self.now + 1;
+        }
+        let now = self.now;
+        let i = &mut self.incs[inc];
+        if i.wake_at.is_none_or_past(now) || t < i.wake_at.unwrap_or(u64::MAX) {
+            i.wake_at = Some(t);
+            self.at(t, Ev::Loop(inc, LoopEv::Wake));
+        }
+    }
+
+    /// A stopping init exits once its runs and helpers are gone (after at most 1 s for its
+    /// record writes).
+    fn maybe_exit(&mut self, inc: usize) {
+        let i = &self.incs[inc];
+        if !i.stopping || !i.runs.is_empty() {
+            return;
+        }
+        let t = self.now + if i.rq.is_empty() { 50 } else { 1000 };
+        self.at(
+            t,
+            Ev::Call(Box::new(move |w| {
+                if w.incs[inc].alive && w.incs[inc].runs.is_empty() {
+                    w.kill_inc(inc, "the init exited");
+                }
+            })),
+        );
+    }
+
+    // terraform.
+
+    fn on_proc_timer(&mut self, p: usize, gen: u32) {
+        if self.procs[p].gen != gen {
+            return;
+        }
+        match self.procs[p].state {
+            PState::Dead => {}
+            PState::Starting => {
+                let until = self.now + self.rng.range(0, 2 * self.cfg.ttl / 3);
+                self.try_lock(p, until);
+            }
+            PState::Waiting { until } => self.try_lock(p, until),
+            PState::Holding | PState::Stopping => {
+                self.release(p);
+                self.exit(p, false);
+            }
+        }
+    }
+
+    fn try_lock(&mut self, p: usize, until: u64) {
+        let key = (self.procs[p].workdir, self.procs[p].ws);
+        if self.locks.contains_key(&key) {
+            if self.now >= until {
+                // "Error acquiring the state lock": exit code 1, nothing to release.
+                return self.exit(p, false);
+            }
+            self.procs[p].state = PState::Waiting { until };
+            let t = (self.now + 500).min(until);
+            let gen = self.procs[p].gen;
+            self.at(t, Ev::Proc(p, gen));
+            return;
+        }
+        let id = self.new_lock_id();
+        let inc = self.procs[p].inc;
+        let created_ms = self.wall(self.incs[inc].node);
+        self.locks.insert(
+            key,
+            Lock {
+                id,
+                who: self.procs[p].who.clone(),
+                created_ms,
+                holder: p,
+            },
+        );
+        self.holders.push(p);
+        let pr = &mut self.procs[p];
+        pr.lock = Some(id);
+        pr.state = PState::Holding;
+        let (t, gen) = (self.now + pr.work, pr.gen);
+        self.log(|| {
+            format!(
+                "terraform {p} takes lock {id} in /tf/w{} {}",
+                key.0,
+                workspace_name(key.1)
+            )
+        });
+        self.at(t, Ev::Proc(p, gen));
+    }
+
+    fn release(&mut self, p: usize) {
+        let key = (self.procs[p].workdir, self.procs[p].ws);
+        if let Some(id) = self.procs[p].lock.take() {
+            if self.locks.get(&key).is_some_and(|l| l.id == id) {
+                self.locks.remove(&key);
+            }
+        }
+    }
+
+    fn exit(&mut self, p: usize, killed: bool) {
+        let pr = &mut self.procs[p];
+        if pr.state == PState::Dead {
+            return;
+        }
+        pr.state = PState::Dead;
+        pr.killed = killed;
+        pr.died = self.now;
+        pr.gen += 1;
+        let inc = pr.inc;
+        self.holders.retain(|h| *h != p);
+        self.log(|| format!("terraform {p} {}", if killed { "killed" } else { "exits" }));
+        if self.incs[inc].alive {
+            let now = self.now;
+            self.at(now, Ev::Loop(inc, LoopEv::Reaped { proc: p }));
+        }
+    }
+
+    /// SIGTERM: it stops at once before the lock, else finishes in a while and releases the lock
+    /// (unless it ignores the signal).
+    pub fn sigterm(&mut self, p: usize) {
+        match self.procs[p].state {
+            PState::Starting | PState::Waiting { .. } => self.exit(p, false),
+            PState::Holding if !self.procs[p].stubborn => {
+                let t = self.now + self.rng.range(100, 3000);
+                let pr = &mut self.procs[p];
+                pr.state = PState::Stopping;
+                pr.gen += 1;
+                let gen = pr.gen;
+                self.at(t, Ev::Proc(p, gen));
+            }
+            _ => {}
+        }
+    }
+
+    /// SIGKILL: dead now; a lock it held stays.
+    pub fn sigkill(&mut self, p: usize) {
+        if self.procs[p].state != PState::Dead {
+            self.exit(p, true);
+        }
+    }
+
+    // Pods and containers.
+
+    /// A new incarnation of pod `pod`'s container.
+    pub fn start_inc(&mut self, pod: usize) {
+        let node = self.pods[pod].node;
+        let owner = Owner {
+            name: self.pods[pod].owner_name.clone(),
+            boot_id: self.nodes[node].boot.clone(),
+            started_ms: self.wall(node),
+            pid: 1,
+            pod_uid: Some(self.pods[pod].uid.clone()),
+        };
+        let now = self.mono(node);
+        let ttl = self.cfg.ttl_d();
+        let rt = std::time::Duration::from_millis(self.cfg.record_timeout);
+        let host = self.pods[pod].host.clone();
+        let book = match self.cfg.rules {
+            Rules::New => BookSide::New(Box::new(Book::new(
+                std::path::Path::new("/state"),
+                owner.clone(),
+                ttl,
+                rt,
+                true,
+                host.clone(),
+                now,
+            ))),
+            Rules::Legacy => BookSide::Old(Box::new(legacy::Book::new(
+                owner.clone(),
+                ttl,
+                rt,
+                host.clone(),
+                now,
+            ))),
+        };
+        let inc = self.incs.len();
+        let task = self.spawn(Spawn::Recorder(inc), Some(inc));
+        self.incs.push(Inc {
+            pod,
+            node,
+            key: owner.key(),
+            owner,
+            host,
+            alive: true,
+            stopping: false,
+            book,
+            inbox: Vec::new(),
+            rq: RecQueue::default(),
+            rec_task: task,
+            runs: Default::default(),
+            next_run: 1,
+            wake_at: None,
+            helpers: Vec::new(),
+            open: false,
+            seq: 0,
+            last_heartbeat: None,
+            written: Default::default(),
+            next_beat: u64::MAX,
+            holds_lock: false,
+            beat_landed: None,
+            died_at: None,
+            wake_pending: None,
+            rec_idle: false,
+        });
+        self.pods[pod].inc = Some(inc);
+        let key = self.incs[inc].key.clone();
+        self.log(|| format!("pod {pod} starts incarnation {inc} ({key})"));
+    }
+
+    /// PID 1 of incarnation `inc` dies: every process of its container with it.
+    pub fn kill_inc(&mut self, inc: usize, why: &str) {
+        if !self.incs[inc].alive {
+            return;
+        }
+        let key = self.incs[inc].key.clone();
+        self.log(|| format!("incarnation {inc} ({key}) dies: {why}"));
+        self.incs[inc].alive = false;
+        self.incs[inc].died_at = Some(self.now);
+        let task = self.incs[inc].rec_task;
+        self.task_alive[task] = false;
+        for p in 0..self.procs.len() {
+            if self.procs[p].inc == inc && self.procs[p].state != PState::Dead {
+                let pr = &mut self.procs[p];
+                pr.state = PState::Dead;
+                pr.killed = true;
+                pr.died = self.now;
+                pr.gen += 1;
+                self.holders.retain(|h| *h != p);
+            }
+        }
+        for h in self.incs[inc].helpers.clone() {
+            if self.helpers[h].alive {
+                self.helpers[h].alive = false;
+                let t = self.helpers[h].task;
+                self.task_alive[t] = false;
+                self.release_recover_lock(h);
+            }
+        }
+    }
+
+    /// Environment event number `n`.
+    fn on_env(&mut self, n: usize) {
+        let ev = self.env[n].1.clone();
+        match ev {
+            EnvEv::StartPod(pod) => {
+                if !self.pods[pod].gone {
+                    self.start_inc(pod);
+                }
+            }
+            EnvEv::Request { pod, workdir, ws } => {
+                let target = self.live_inc(pod);
+                if let Some(inc) = target {
+                    let now = self.now;
+                    self.at(
+                        now,
+                        Ev::Loop(
+                            inc,
+                            LoopEv::Request {
+                                workdir,
+                                ws,
+                                observed: false,
+                            },
+                        ),
+                    );
+                }
+            }
+            EnvEv::Observe { pod, workdir, ws } => {
+                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
+                    let now = self.now;
+                    self.at(
+                        now,
+                        Ev::Loop(
+                            inc,
+                            LoopEv::Request {
+                                workdir,
+                                ws,
+                                observed: self.cfg.progress,
+                            },
+                        ),
+                    );
+                }
+            }
+            EnvEv::KillPod(pod) => {
+                self.pods[pod].gone = true;
+                if let Some(inc) = self.pods[pod].inc {
+                    self.kill_inc(inc, "pod killed (node lost)");
+                }
+            }
+            EnvEv::Restart { pod, after } => {
+                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
+                    self.kill_inc(inc, "container restart (PID 1 killed)");
+                    let t = self.now + after;
+                    self.at(
+                        t,
+                        Ev::Call(Box::new(move |w| {
+                            if !w.pods[pod].gone {
+                                w.start_inc(pod);
+                            }
+                        })),
+                    );
+                }
+            }
+            EnvEv::Terminate { pod, grace } => {
+                self.pods[pod].gone = true;
+                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
+                    self.stop_inc(inc);
+                    let t = self.now + grace;
+                    self.at(t, Ev::Hard(pod));
+                }
+            }
+            EnvEv::Oom(pod) => {
+                if let Some(inc) = self.pods[pod].inc {
+                    let victim = self
+                        .procs
+                        .iter()
+                        .position(|p| p.inc == inc && p.state != PState::Dead);
+                    if let Some(p) = victim {
+                        self.sigkill(p);
+                    }
+                }
+            }
+            EnvEv::Note(_) => {}
+        }
+    }
+
+    /// The live, accepting incarnation of `pod`, else of any pod.
+    fn live_inc(&self, pod: usize) -> Option<usize> {
+        let ok = |i: usize| self.incs[i].alive && !self.incs[i].stopping;
+        self.pods[pod].inc.filter(|i| ok(*i)).or_else(|| {
+            let n = self.pods.len();
+            (1..n)
+                .map(|d| (pod + d) % n)
+                .find_map(|p| self.pods[p].inc.filter(|i| ok(*i)))
+        })
+    }
+
+    /// SIGTERM to the init: runs not started are refused, terraform gets SIGTERM; the init
+    /// exits when they are gone (the kubelet kills it at the end of the grace period).
+    fn stop_inc(&mut self, inc: usize) {
+        self.incs[inc].stopping = true;
+        let waiting: Vec<(u64, RunId)> = self.incs[inc]
+            .runs
+            .iter()
+            .filter(|(_, r)| matches!(r.life, Life::Awaiting { .. } | Life::Recording))
+            .map(|(k, r)| (*k, r.id))
+            .collect();
+        for (k, id) in waiting {
+            self.incs[inc].runs.remove(&k);
+            self.forget_record(inc, id);
+        }
+        let procs: Vec<usize> = self.incs[inc]
+            .runs
+            .values()
+            .filter_map(|r| match r.life {
+                Life::Running { proc } => Some(proc),
+                _ => None,
+            })
+            .collect();
+        for p in procs {
+            self.sigterm(p);
+        }
+        let now = self.now;
+        self.at(now, Ev::Loop(inc, LoopEv::Wake));
+    }
+
+    // Progress.
+
+    /// A calm-phase run asked for in `workdir`/`ws` by incarnation `inc`, a live observer with a
+    /// working volume: every lock there of a dead run that a record names is owed.
+    fn owe(&mut self, inc: usize, workdir: u8, ws: u8) {
+        let open = match &self.incs[inc].book {
+            BookSide::New(b) => b.state() == tfinit::locks::book::StoreState::Open,
+            BookSide::Old(_) => false,
+        };
+        if !open {
+            return;
+        }
+        let Some(lock) = self.locks.get(&(workdir, ws)).cloned() else {
+            return;
+        };
+        let p = &self.procs[lock.holder];
+        if p.state != PState::Dead || self.obligations.iter().any(|o| o.lock == lock.id) {
+            return;
+        }
+        let owner_inc = p.inc;
+        let Some(stored) = self
+            .store
+            .records
+            .values()
+            .find(|s| s.inc == owner_inc && s.rec.run_id == p.run.to_string())
+            .cloned()
+        else {
+            // No record names it (it started without one): nobody may release it.
+            return;
+        };
+        if stored.rec.ended.is_none() {
+            // Its owner lives (and has not marked it ended yet), or died too recently for an
+            // observer to have seen its heartbeat stop: a full TTL of watching (on a clock up to
+            // max_ppm slow) after the last rescan that could show a change.
+            let ttl = self.cfg.ttl;
+            let seen_stop = ttl + ttl / 3 + ttl * 2 * self.cfg.max_ppm as u64 / 1_000_000 + 1_000;
+            match self.incs[owner_inc].died_at {
+                Some(d) if d + seen_stop <= self.now => {}
+                _ => return,
+            }
+        }
+        // What decide() will see: a lock created outside the run's life (its node's wall clock
+        // stepped by more than CLOCK_SKEW), or a live run here with the same Who, is left alone
+        // by design.
+        let skew = CLOCK_SKEW.as_millis() as u64;
+        let hb = self
+            .store
+            .beat(&stored.rec.owner.key())
+            .map(|b| (*b.hb).clone());
+        let not_after =
+            last_alive_ms(&Facts::of(&stored.rec), hb.as_ref(), self.cfg.ttl_d()) + skew;
+        let in_window =
+            lock.created_ms + skew >= stored.rec.started_ms && lock.created_ms <= not_after;
+        let twin = self.procs.iter().any(|q| {
+            q.state != PState::Dead && q.who == lock.who && q.workdir == workdir && q.ws == ws
+        });
+        // A tfinit other than the asking one that lives (or died too recently to have been
+        // watched dead) on the host the lock's Who names: its runs lock as that Who, recorded or
+        // not, so the lock is left alone by design (recover.rs `live_on_host`).
+        let host = who_host(&lock.who);
+        let ttl = self.cfg.ttl;
+        let seen_stop = ttl + ttl / 3 + ttl * 2 * self.cfg.max_ppm as u64 / 1_000_000 + 1_000;
+        let neighbour = self.incs.iter().enumerate().any(|(j, i)| {
+            j != inc
+                && i.host == host
+                && (i.alive || i.died_at.is_some_and(|d| d + seen_stop > self.now))
+        });
+        if !in_window || twin || neighbour {
+            self.stats.excused += 1;
+            return;
+        }
+        // The helper watches for at most a TTL on a clock up to max_ppm fast or slow. Helpers
+        // take recover.lock one at a time, so ours may wait for others to go through every
+        // record on the volume: per record a liveness read, the probe, the window's reads (one
+        // liveness read per twin record), the re-check, the listing, the unlock, the removal.
+        // Plus a rescan's delay, the 500 ms watch step and room for the latencies.
+        let n = self.store.records.len() as u64;
+        let ttl = self.cfg.ttl;
+        let watch = ttl + ttl * (2 * self.cfg.max_ppm as u64) / 1_000_000;
+        let per_record = 2 * PROBE_MAX + (10 + 4 * n) * CALM_OP_MAX;
+        let deadline = self.now + watch + n * per_record + self.cfg.ttl / 3 + 1_000;
+        self.cfg.end_at = self.cfg.end_at.max(deadline + 1);
+        let text = format!(
+            "run {} of {} (dead) holds it; {} asked for a run there at {} ms",
+            p.run, self.incs[owner_inc].key, self.incs[inc].key, self.now
+        );
+        let record = self
+            .store
+            .records
+            .iter()
+            .find(|(_, s)| s.inc == owner_inc && s.rec.run_id == p.run.to_string())
+            .map_or(0, |(id, _)| *id);
+        self.obligations.push(Obligation {
+            lock: lock.id,
+            record,
+            key: (workdir, ws),
+            since: self.now,
+            deadline,
+            text,
+        });
+    }
+}
+
+/// `Option<Ms>` is none, or not after `now`.
+trait PastOrNone {
+    fn is_none_or_past(&self, now: u64) -> bool;
+}
+
+impl PastOrNone for Option<u64> {
+    fn is_none_or_past(&self, now: u64) -> bool {
+        self.map_or(true, |t| t <= now)
+    }
+}

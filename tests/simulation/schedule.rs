@@ -1,0 +1,442 @@
+//! A schedule from a seed: the cluster (nodes, clocks, pods and how they are named), the faults
+//! and the events, all drawn from one PRNG. Swarm testing: each schedule turns each kind of
+//! trouble on or off at random, so that rare combinations are not drowned by common ones.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use super::rng::Rng;
+use super::world::{
+    Cfg, EnvEv, Ev, Fault, FaultKind, Freeze, Ms, Node, Pod, PodKind, Rules, World,
+};
+
+/// Options of a batch of schedules.
+#[derive(Debug, Clone, Copy)]
+pub struct Opts {
+    /// Decision rules.
+    pub rules: Rules,
+    /// How many TTLs of trouble (a range is drawn up to this).
+    pub max_ttls: u64,
+    /// The helper's watch, in TTLs (1; 2 in the progress check's negative test).
+    pub helper_ttl_factor: u32,
+    /// Whether schedules end with a calm phase that checks progress (half of them).
+    pub progress: bool,
+    /// Which trouble to favour (the searches for issue 18's findings in the old rules).
+    pub focus: Focus,
+    /// Largest rate difference of a node's monotonic clock (ppm, each way).
+    pub max_ppm: i64,
+    /// Longest freeze of a pod's init, as a fraction of the TTL (20: TTL/20).
+    pub freeze_div: u64,
+}
+
+/// The trouble a batch of schedules favours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Focus {
+    /// Every knob drawn at random.
+    None,
+    /// Issue 18 finding 1: wall clocks skewed, nothing else.
+    Skew,
+    /// Finding 2: a slow or hung volume, clocks in agreement.
+    StaleRecord,
+    /// Finding 3: pods sharing an owner name, clocks in agreement, a healthy volume.
+    SharedName,
+    /// Finding 4: container restarts, probes that fail, several runs per directory.
+    TwoHelpers,
+    /// Writes that land but report an error, then a mount that fails writes (Deployment pods,
+    /// clocks in agreement).
+    LostReply,
+}
+
+/// Builds the world of `seed`.
+pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
+    let mut r = Rng::new(seed);
+    let ttl: Ms = match r.below(20) {
+        0..=11 => 3_000,
+        12..=16 => 6_000,
+        _ => 30_000,
+    };
+    let horizon = ttl * r.range(3, o.max_ttls.max(3));
+    // Swarm knobs.
+    let mut skew = r.chance(500);
+    let mut steps = skew && r.chance(500);
+    let mut vol_faults = r.chance(500);
+    let mut node_faults = r.chance(400);
+    let lost_replies = r.chance(250);
+    let kills = r.chance(500);
+    let mut restarts = r.chance(500);
+    let mut replacements = r.chance(400);
+    let ooms = r.chance(300);
+    let freezes = r.chance(300);
+    let mut unknown = r.chance(300);
+    let max_ppm: i64 = if r.chance(500) { o.max_ppm } else { 0 };
+    let mut naming = match r.below(5) {
+        0 | 1 => PodKind::Deployment,
+        2 => PodKind::StatefulSet,
+        3 => PodKind::HostNetwork,
+        _ => PodKind::FixedOwner,
+    };
+    match o.focus {
+        Focus::None => {}
+        Focus::Skew => {
+            (skew, steps, vol_faults, node_faults) = (true, false, false, false);
+            (restarts, replacements, naming) = (false, false, PodKind::Deployment);
+        }
+        Focus::StaleRecord => {
+            (skew, steps, vol_faults) = (false, false, true);
+            (restarts, replacements, naming) = (false, false, PodKind::Deployment);
+        }
+        Focus::SharedName => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            if !matches!(naming, PodKind::HostNetwork | PodKind::FixedOwner) {
+                naming = PodKind::FixedOwner;
+            }
+        }
+        Focus::LostReply => {
+            (skew, steps, vol_faults, node_faults) = (false, false, true, true);
+            (restarts, replacements, naming) = (false, false, PodKind::Deployment);
+        }
+        Focus::TwoHelpers => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restarts, unknown, replacements, naming) = (true, true, false, PodKind::Deployment);
+        }
+    }
+    let progress = o.progress && o.rules == Rules::New && r.chance(500);
+    let cfg = Cfg {
+        rules: o.rules,
+        ttl,
+        record_timeout: r.range(ttl / 3, ttl),
+        workdirs: r.range(1, 2) as u8,
+        workspaces: if r.chance(200) { 2 } else { 1 },
+        probe_unknown: if unknown { 200 } else { 0 },
+        calm_at: horizon,
+        end_at: horizon + ttl,
+        progress,
+        helper_ttl_factor: o.helper_ttl_factor,
+        max_ppm,
+    };
+    let mut w = World::new(cfg, Rng::new(r.next_u64()));
+    let n_nodes = r.range(2, 3) as usize;
+    for n in 0..n_nodes {
+        let mut st = Vec::new();
+        if skew {
+            st.push((0, r.signed(10 * ttl as i64)));
+            if steps {
+                for _ in 0..r.range(1, 3) {
+                    st.push((r.below(horizon), r.signed(10 * ttl as i64)));
+                }
+                st.sort_by_key(|s| s.0);
+            }
+        }
+        w.nodes.push(Node {
+            name: format!("node{n}"),
+            boot: format!("{:016x}{:016x}", r.next_u64(), r.next_u64()),
+            base: anchor + Duration::from_secs(r.range(1, 1_000_000)),
+            ppm: r.signed(max_ppm),
+            steps: st,
+        });
+    }
+    let mut env: Vec<(Ms, EnvEv)> = Vec::new();
+    let n_pods = r.range(2, 3) as usize;
+    for i in 0..n_pods {
+        // hostNetwork pods crowd node 0, where they share the hostname.
+        let node = if naming == PodKind::HostNetwork && r.chance(700) {
+            0
+        } else {
+            r.pick(n_nodes)
+        };
+        let kind = if i == 0 || r.chance(700) {
+            naming
+        } else {
+            PodKind::Deployment
+        };
+        let p = add_pod(&mut w, kind, node, None);
+        env.push((r.range(0, ttl / 2), EnvEv::StartPod(p)));
+    }
+    if replacements {
+        for _ in 0..r.range(1, 2) {
+            let old = r.pick(n_pods);
+            let kind = w.pods[old].kind;
+            let node = r.pick(n_nodes);
+            let new = add_pod(&mut w, kind, node, Some(old));
+            // Everything, grace periods included, is over before the calm phase.
+            let grace = r.range(ttl / 10, 2 * ttl);
+            let t = r.range(ttl, horizon - grace);
+            if kind == PodKind::StatefulSet && r.chance(500) {
+                // The StatefulSet way: the old pod goes first, its replacement after it.
+                env.push((t, EnvEv::Terminate { pod: old, grace }));
+                env.push((t + r.range(0, grace), EnvEv::StartPod(new)));
+            } else {
+                // A rolling update (or a pod force-deleted on a partitioned node): the new one
+                // first, the old one still running for a while.
+                env.push((t, EnvEv::StartPod(new)));
+                let when = (t + r.range(0, 2 * ttl)).min(horizon - grace);
+                if r.chance(800) {
+                    env.push((when, EnvEv::Terminate { pod: old, grace }));
+                } else {
+                    env.push((when, EnvEv::KillPod(old)));
+                }
+            }
+        }
+    }
+    let pods_now = w.pods.len();
+    let n_req = (horizon / (ttl / 2)).max(2);
+    for _ in 0..n_req {
+        let pod = r.pick(pods_now);
+        let workdir = r.below(w.cfg.workdirs as u64) as u8;
+        let ws = r.below(w.cfg.workspaces as u64) as u8;
+        env.push((r.range(0, horizon), EnvEv::Request { pod, workdir, ws }));
+    }
+    if kills {
+        for _ in 0..r.range(1, 2) {
+            env.push((r.range(ttl / 2, horizon), EnvEv::KillPod(r.pick(pods_now))));
+        }
+    }
+    if restarts {
+        for _ in 0..r.range(1, 3) {
+            let pod = r.pick(pods_now);
+            env.push((
+                r.range(ttl / 2, horizon),
+                EnvEv::Restart {
+                    pod,
+                    after: r.range(100, 3_000),
+                },
+            ));
+        }
+    }
+    if ooms {
+        for _ in 0..r.range(1, 3) {
+            env.push((r.range(ttl / 2, horizon), EnvEv::Oom(r.pick(pods_now))));
+        }
+    }
+    let fault = |w: &mut World, r: &mut Rng, node: Option<usize>| {
+        let kind = match r.below(100) {
+            _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
+            _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
+            0..=34 => FaultKind::Hang,
+            35..=64 => FaultKind::FailWrites,
+            65..=84 => FaultKind::Slow,
+            _ if lost_replies => FaultKind::LostReply,
+            _ => FaultKind::Hang,
+        };
+        let len = match kind {
+            FaultKind::Hang => r.range(ttl / 4, 2 * ttl),
+            FaultKind::FailWrites => r.range(ttl / 3, 3 * ttl),
+            FaultKind::Slow => r.range(ttl / 2, 3 * ttl),
+            FaultKind::LostReply => r.range(ttl / 4, ttl),
+        };
+        let from = r.below(horizon);
+        let to = (from + len).min(horizon);
+        w.faults.push(Fault {
+            from,
+            to,
+            kind,
+            node,
+        });
+    };
+    if vol_faults {
+        for _ in 0..r.range(1, 3) {
+            fault(&mut w, &mut r, None);
+        }
+    }
+    if node_faults {
+        for _ in 0..r.range(1, 2) {
+            let n = r.pick(n_nodes);
+            fault(&mut w, &mut r, Some(n));
+        }
+    }
+    if freezes {
+        for _ in 0..r.range(1, 3) {
+            let pod = r.pick(pods_now);
+            let from = r.below(horizon);
+            let to = from + r.range(10, ttl / o.freeze_div.max(1));
+            w.freezes.push(Freeze { pod, from, to });
+        }
+    }
+    if progress {
+        // A fresh observer on a healthy volume. Every owner that died did so before the calm
+        // phase: after 3/2 TTL it asks for a run in every directory and workspace at once.
+        let node = r.pick(n_nodes);
+        let obs = add_pod(&mut w, PodKind::Deployment, node, None);
+        env.push((horizon, EnvEv::StartPod(obs)));
+        let t = horizon + 3 * ttl / 2 + 2_000;
+        for workdir in 0..w.cfg.workdirs {
+            for ws in 0..w.cfg.workspaces {
+                env.push((
+                    t,
+                    EnvEv::Observe {
+                        pod: obs,
+                        workdir,
+                        ws,
+                    },
+                ));
+            }
+        }
+        // Extended to the latest deadline of the obligations these requests create.
+        w.cfg.end_at = t + 1;
+    }
+    env.sort_by_key(|e| e.0);
+    // What the shrinker left out.
+    let mut env: Vec<(Ms, EnvEv)> = env
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !mask.contains(&Item::Env(*i)))
+        .map(|(_, e)| e)
+        .collect();
+    let faults = std::mem::take(&mut w.faults);
+    w.faults = faults
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !mask.contains(&Item::Fault(*i)))
+        .map(|(_, f)| f)
+        .collect();
+    let freezes = std::mem::take(&mut w.freezes);
+    w.freezes = freezes
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !mask.contains(&Item::Freeze(*i)))
+        .map(|(_, f)| f)
+        .collect();
+    for (n, node) in w.nodes.iter_mut().enumerate() {
+        let steps = std::mem::take(&mut node.steps);
+        node.steps = steps
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !mask.contains(&Item::Step(n, *i)))
+            .map(|(_, st)| st)
+            .collect();
+    }
+    // Notes for the listing.
+    for f in &w.faults {
+        let on = f
+            .node
+            .map_or("the volume".to_string(), |n| format!("node{n}'s mount"));
+        env.push((
+            f.from,
+            EnvEv::Note(format!("{:?} on {on} until {} ms", f.kind, f.to)),
+        ));
+    }
+    for f in &w.freezes {
+        env.push((
+            f.from,
+            EnvEv::Note(format!("pod {} frozen until {} ms", f.pod, f.to)),
+        ));
+    }
+    for (n, node) in w.nodes.iter().enumerate() {
+        for (t, st) in &node.steps {
+            env.push((
+                *t,
+                EnvEv::Note(format!("node{n}'s wall clock is {st:+} ms off from here")),
+            ));
+        }
+    }
+    env.push((
+        horizon,
+        EnvEv::Note("calm: no more faults, kills or clock steps".into()),
+    ));
+    env.sort_by_key(|e| e.0);
+    for (i, (t, _)) in env.iter().enumerate() {
+        w.at(*t, Ev::Env(i));
+    }
+    w.env = env;
+    w
+}
+
+/// A part of a schedule the shrinker may leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Item {
+    /// The n-th environment event (before notes are added).
+    Env(usize),
+    /// The n-th fault window.
+    Fault(usize),
+    /// The n-th freeze.
+    Freeze(usize),
+    /// Node n's m-th wall-clock step.
+    Step(usize, usize),
+}
+
+/// Every part of schedule `seed` the shrinker may leave out.
+pub fn items(seed: u64, o: &Opts, anchor: Instant) -> Vec<Item> {
+    let w = build(seed, o, anchor, &Mask::new());
+    let mut out: Vec<Item> = Vec::new();
+    let actions = w
+        .env
+        .iter()
+        .filter(|e| !matches!(e.1, EnvEv::Note(_)))
+        .count();
+    out.extend((0..actions).map(Item::Env));
+    out.extend((0..w.faults.len()).map(Item::Fault));
+    out.extend((0..w.freezes.len()).map(Item::Freeze));
+    for (n, node) in w.nodes.iter().enumerate() {
+        out.extend((0..node.steps.len()).map(|i| Item::Step(n, i)));
+    }
+    out
+}
+
+/// The parts left out of a schedule.
+pub type Mask = std::collections::BTreeSet<Item>;
+
+/// A new pod of `kind` on `node` (`like`: the pod a StatefulSet replacement takes the name of).
+fn add_pod(w: &mut World, kind: PodKind, node: usize, like: Option<usize>) -> usize {
+    let k = w.pods.len();
+    let (name, host, owner) = match (kind, like) {
+        (PodKind::StatefulSet, Some(old)) => {
+            let p = &w.pods[old];
+            (p.name.clone(), p.host.clone(), p.owner_name.clone())
+        }
+        (PodKind::Deployment, _) => (format!("dep-{k}"), format!("dep-{k}"), format!("dep-{k}")),
+        (PodKind::StatefulSet, None) => {
+            (format!("sts-{k}"), format!("sts-{k}"), format!("sts-{k}"))
+        }
+        (PodKind::HostNetwork, _) => {
+            let n = w.nodes[node].name.clone();
+            (format!("hn-{k}"), n.clone(), n)
+        }
+        (PodKind::FixedOwner, _) => (format!("fx-{k}"), format!("fx-{k}"), "ctl".to_string()),
+    };
+    w.pods.push(Pod {
+        name,
+        host,
+        owner_name: owner,
+        node,
+        uid: format!("uid-{k}"),
+        kind,
+        inc: None,
+        gone: false,
+    });
+    k
+}
+
+/// The schedule, as a replayable listing.
+pub fn describe(w: &World) -> String {
+    let mut s = String::new();
+    let c = &w.cfg;
+    let _ = writeln!(
+        s,
+        "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}",
+        c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress
+    );
+    for (i, n) in w.nodes.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "node{i}: boot {}.., rate {:+} ppm, wall skew steps {:?}",
+            &n.boot[..8],
+            n.ppm,
+            n.steps
+        );
+    }
+    for (i, p) in w.pods.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "pod {i}: {} ({:?}) on node{}, hostname {}, owner {}",
+            p.name, p.kind, p.node, p.host, p.owner_name
+        );
+    }
+    for (t, e) in &w.env {
+        match e {
+            EnvEv::Note(note) => writeln!(s, "{t:>8} ms  {note}"),
+            e => writeln!(s, "{t:>8} ms  {e:?}"),
+        }
+        .expect("a String takes any text");
+    }
+    s
+}

@@ -645,7 +645,7 @@ fn a_hung_heartbeat_is_one_error_and_new_runs_go_unrecorded_until_it_is_written_
 /// any other pod may call it dead: the graceful SIGTERM at 2/3 of the TTL after its last good
 /// heartbeat, one error naming the runs. With TTL 3 s the last good beat started at most 1 s (plus
 /// a write) before the volume broke, so the SIGTERM comes 1 to 2 s after that; other pods need a
-/// full TTL of watching. An unrecorded run is left alone.
+/// full TTL of watching. Meanwhile no state-locking run starts (75); one that takes no lock does.
 #[test]
 fn a_heartbeat_that_does_not_land_stops_the_recorded_runs_before_another_pod_may_call_this_one_dead(
 ) {
@@ -690,13 +690,23 @@ fn a_heartbeat_that_does_not_land_stops_the_recorded_runs_before_another_pod_may
     );
     let fenced = pod.logged("the heartbeat has not landed in TFINIT_STATE_DIR");
     assert!(!fenced.is_empty(), "{}", pod.init.log_tail());
-    // A run without a record is nobody's concern: it runs to its end.
-    let unrecorded = pod.run("unrecorded", &["apply", "-auto-approve"], "sleep 1; exit 0");
+    // No state-locking run starts while the fence is up, recorded or not: its lock would carry
+    // this owner's Who, which other pods may soon release. A run that takes no lock does.
+    let refused = pod.run("refused", &["apply", "-auto-approve"], "exit 0");
     assert_eq!(
-        shim_code(unrecorded, Duration::from_secs(10), "a run while fenced"),
+        shim_code(
+            refused,
+            Duration::from_secs(10),
+            "a locking run while fenced"
+        ),
+        75
+    );
+    assert!(pod.started("refused").is_none(), "terraform never started");
+    let version = pod.run("version", &["version"], "exit 0");
+    assert_eq!(
+        shim_code(version, Duration::from_secs(10), "a run that takes no lock"),
         0
     );
-    assert!(!pod.had_record("unrecorded"));
     pod.fs.set(&Rules::default());
 }
 

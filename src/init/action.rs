@@ -116,7 +116,7 @@ pub(super) enum Refusal {
     Draining,
     /// The shutdown timeline runs.
     ShuttingDown,
-    /// This owner's heartbeat does not land, so its runs with records are being stopped.
+    /// This owner's heartbeat does not land, so its state-locking runs are being stopped.
     Fenced,
 }
 
@@ -126,7 +126,7 @@ impl Refusal {
         match self {
             Refusal::Draining => "draining (tfinit drain; `tfinit resume` accepts runs again)",
             Refusal::ShuttingDown => "shutting down (the container is stopping)",
-            Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its runs with records are being stopped)",
+            Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
         }
     }
 

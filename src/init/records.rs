@@ -27,7 +27,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 pub(super) enum RecordEvent {
     /// The run waiting in `recording` may start (its record landed, failed, or timed out).
     Settled(RunId),
-    /// This owner's heartbeat has not landed for long: its runs with records get their graceful
+    /// This owner's heartbeat has not landed for long: its state-locking runs get their graceful
     /// SIGTERM, or (`kill`) SIGKILL.
     Fence {
         /// The runs.

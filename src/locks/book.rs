@@ -101,7 +101,7 @@ pub enum Event {
         /// Whether its record is on the volume.
         recorded: bool,
     },
-    /// This owner's heartbeat has not landed for long: stop its runs with records before any
+    /// This owner's heartbeat has not landed for long: stop its state-locking runs before any
     /// observer may call it dead (locks::liveness::Fence).
     Fence {
         /// The runs whose record is, or may soon be, on the volume.
@@ -343,7 +343,7 @@ impl Notice {
             ),
             Notice::Fenced { runs, kill, age, ttl } => format!(
                 "the heartbeat has not landed in TFINIT_STATE_DIR for {} (TFINIT_OWNER_TTL {}): other pods may take this \
-                 owner for dead and release the locks its records name, so its runs with records {}: {}. New state-locking \
+                 owner for dead and release the locks that carry its Who, so its state-locking runs (recorded or not) {}: {}. New state-locking \
                  runs are refused until a heartbeat lands; check the volume, or raise TFINIT_OWNER_TTL if it stalls this long",
                 secs(age),
                 fmt_duration(*ttl),

@@ -242,7 +242,7 @@ pub fn instant_of(ns: u64) -> Option<Instant> {
     }
 }
 
-/// The owner's side: when its runs with records must be stopped because its heartbeat has not
+/// The owner's side: when its state-locking runs must be stopped because its heartbeat has not
 /// landed, counted from the start of its last heartbeat write that succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {

@@ -81,32 +81,21 @@ pub struct InitConfig {
 }
 
 /// Default grace period: Kubernetes' default terminationGracePeriodSeconds.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// Default stop timeout.
-pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default kill margin.
-pub const DEFAULT_KILL_MARGIN: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_KILL_MARGIN: Duration = Duration::from_secs(2);
 /// Default owner TTL.
-pub const DEFAULT_OWNER_TTL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_OWNER_TTL: Duration = Duration::from_secs(30);
 /// Default record timeout: covers a record write plus a heartbeat write on a slow volume.
-pub const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
 
 /// A setting, by its clap id (the field of [`InitArgs`]): `grace_period` is the variable
 /// `TFINIT_GRACE_PERIOD` and the flag `--grace-period`.
 type Key = &'static str;
-
-/// The one of `choices` named `name`, or what the names are.
-fn choose<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T, String> {
-    match choices.iter().find(|(n, _)| *n == name) {
-        Some((_, c)) => Ok(*c),
-        None => {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            Err(format!("must be {}", names.join(" or ")))
-        }
-    }
-}
 
 /// The environment variable of setting `key`.
 fn env_of(key: Key) -> String {
@@ -121,7 +110,13 @@ struct Namer<'a> {
 impl Namer<'_> {
     fn name(&self, key: Key) -> String {
         match self.matches.and_then(|m| m.value_source(key)) {
-            Some(ValueSource::CommandLine) => format!("--{}", key.replace('_', "-")),
+            Some(ValueSource::CommandLine) => {
+                let flag: String = key
+                    .chars()
+                    .map(|c| if c == '_' { '-' } else { c })
+                    .collect();
+                format!("--{flag}")
+            }
             _ => env_of(key),
         }
     }
@@ -143,11 +138,35 @@ impl Namer<'_> {
         key: Key,
         given: Option<&str>,
         example: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
+        parse: fn(&str) -> Result<T, String>,
     ) -> Result<Option<T>, ConfigError> {
         given
             .map(|v| parse(v).map_err(|p| self.bad(key, v, &p, example)))
             .transpose()
+    }
+
+    /// Which of `names` setting `key` is (its index); the first when not `given`.
+    fn choice(
+        &self,
+        key: Key,
+        given: Option<&str>,
+        names: &[&str],
+        example: &str,
+    ) -> Result<usize, ConfigError> {
+        let Some(v) = given.map(str::trim) else {
+            return Ok(0);
+        };
+        match names.iter().position(|n| *n == v) {
+            Some(i) => Ok(i),
+            None => {
+                let mut problem = String::from("must be ");
+                for (i, name) in names.iter().enumerate() {
+                    problem += if i == 0 { "" } else { " or " };
+                    problem += name;
+                }
+                Err(self.bad(key, v, &problem, example))
+            }
+        }
     }
 
     /// An absolute path, `default` when not given.
@@ -172,7 +191,7 @@ impl Namer<'_> {
 }
 
 /// Parses `TERM:INT,USR1:HUP`.
-pub fn parse_rewrites(text: &str) -> Result<Rewrites, String> {
+pub(crate) fn parse_rewrites(text: &str) -> Result<Rewrites, String> {
     let mut pairs = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (from, to) = item
@@ -195,7 +214,7 @@ pub fn parse_rewrites(text: &str) -> Result<Rewrites, String> {
 }
 
 /// The default control-socket directory for this user.
-pub fn default_run_dir() -> PathBuf {
+pub(crate) fn default_run_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => Path::new(&d).join("tfinit"),
         _ => PathBuf::from(format!("/tmp/tfinit-{}", nix::unistd::getuid())),
@@ -203,7 +222,7 @@ pub fn default_run_dir() -> PathBuf {
 }
 
 /// The run directory clients use: TFINIT_RUN_DIR, else the default.
-pub fn client_run_dir() -> PathBuf {
+pub(crate) fn client_run_dir() -> PathBuf {
     match std::env::var_os("TFINIT_RUN_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => default_run_dir(),
@@ -214,7 +233,7 @@ pub fn client_run_dir() -> PathBuf {
 const MAX_SOCKET_PATH: usize = 107;
 
 /// The control socket's file name in the run directory.
-pub const SOCKET_NAME: &str = "tfinit.sock";
+pub(crate) const SOCKET_NAME: &str = "tfinit.sock";
 
 /// The control socket's path in run directory `run_dir`: where the init listens and clients
 /// connect.
@@ -325,12 +344,9 @@ impl InitConfig {
         )?;
         let owner = owner(&n, args)?;
         let (owner_ttl, record_timeout) = record_timers(&n, args)?;
-        let text = given(&args.force_unlock).map(str::trim);
-        let force_unlock = n
-            .parse("force_unlock", text, "auto", |v| {
-                choose(v, &[("auto", true), ("off", false)])
-            })?
-            .unwrap_or(true);
+        let unlock = given(&args.force_unlock);
+        let force_unlock =
+            [true, false][n.choice("force_unlock", unlock, &["auto", "off"], "auto")?];
         let metrics_addr = n.parse(
             "metrics_addr",
             given(&args.metrics_addr).map(str::trim),
@@ -359,15 +375,9 @@ impl InitConfig {
 
 /// Where forwarded signals go, and how they are rewritten first.
 fn forwarding(n: &Namer, args: &InitArgs) -> Result<(ForwardTo, Rewrites), ConfigError> {
-    let text = given(&args.forward).map(str::trim);
-    let forward = n
-        .parse("forward", text, "group", |v| {
-            choose(
-                v,
-                &[("group", ForwardTo::Group), ("child", ForwardTo::Child)],
-            )
-        })?
-        .unwrap_or(ForwardTo::Group);
+    let forward = given(&args.forward);
+    let forward = [ForwardTo::Group, ForwardTo::Child]
+        [n.choice("forward", forward, &["group", "child"], "group")?];
     let rewrite = n
         .parse(
             "rewrite",
@@ -408,14 +418,10 @@ fn logs(n: &Namer, args: &InitArgs) -> Result<(tracing::Level, LogFormat), Confi
         v.parse::<tracing::Level>()
             .map_err(|_| "must be error, warn, info, debug or trace".to_string())
     })?;
-    let text = given(&args.log_format).map(str::trim);
-    let format = n.parse("log_format", text, "json", |v| {
-        choose(v, &[("text", LogFormat::Text), ("json", LogFormat::Json)])
-    })?;
-    Ok((
-        level.unwrap_or(tracing::Level::INFO),
-        format.unwrap_or(LogFormat::Text),
-    ))
+    let format = given(&args.log_format);
+    let format = [LogFormat::Text, LogFormat::Json]
+        [n.choice("log_format", format, &["text", "json"], "json")?];
+    Ok((level.unwrap_or(tracing::Level::INFO), format))
 }
 
 /// The control socket's directory: a given one must leave room for the socket's name in a Unix

@@ -190,7 +190,7 @@ pub enum Request {
 }
 
 /// A terraform run as the shim saw it invoked.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RunRequest {
     /// Absolute path of the real terraform binary (resolved by the shim).
     pub program: String,

@@ -11,11 +11,11 @@ use nix::errno::Errno;
 use nix::unistd::Pid;
 
 /// A signal by its raw number: real-time signals have no `nix::sys::signal::Signal` variant.
-pub type SigNo = i32;
+pub(crate) type SigNo = i32;
 
 /// Where a kill goes: one process, a whole process group, or every process we may signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// A single process.
     Pid(Pid),
     /// Every member of a process group (kill with a negative pid).
@@ -35,7 +35,7 @@ impl std::fmt::Display for Target {
 }
 
 /// The one function that turns a target into kill(2). Signal 0 probes existence.
-pub fn kill(target: Target, signo: SigNo) -> Result<(), Errno> {
+pub(crate) fn kill(target: Target, signo: SigNo) -> Result<(), Errno> {
     let raw = match target {
         Target::Pid(p) => p.as_raw(),
         Target::Group(p) => -p.as_raw(),
@@ -52,7 +52,7 @@ pub fn kill(target: Target, signo: SigNo) -> Result<(), Errno> {
 }
 
 /// Whether a process group still has any member (zombies count until reaped).
-pub fn group_alive(pgid: Pid) -> bool {
+pub(crate) fn group_alive(pgid: Pid) -> bool {
     // EPERM means it exists but belongs to someone else: still alive.
     !matches!(kill(Target::Group(pgid), 0), Err(Errno::ESRCH))
 }
@@ -61,7 +61,7 @@ pub fn group_alive(pgid: Pid) -> bool {
 ///
 /// Dispositions set to SIG_IGN by whoever started us would otherwise be inherited by the
 /// controller and terraform (a shell's background job ignores SIGINT and SIGQUIT, say).
-pub fn reset_signal_dispositions() {
+pub(crate) fn reset_signal_dispositions() {
     for signo in 1..=libc::SIGRTMAX() {
         if signo == libc::SIGKILL || signo == libc::SIGSTOP {
             continue;
@@ -75,7 +75,7 @@ pub fn reset_signal_dispositions() {
 }
 
 /// Blocks `signals` in the calling thread (and every thread created after), returning the old mask.
-pub fn block_signals(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
+pub(crate) fn block_signals(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
     nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(signals), None)
         .map_err(io::Error::from)
 }
@@ -86,7 +86,7 @@ static ORIGINAL_NOFILE: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 /// Raises the soft open-files limit to the hard one: the init holds a socket and two pipes per
 /// terraform run and a socket per client (a thousand shims at once is a tested case). Children
 /// get the original soft limit back (see `child_defaults`), so nothing changes for them.
-pub fn raise_nofile() {
+pub(crate) fn raise_nofile() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -108,7 +108,7 @@ pub fn raise_nofile() {
 /// mask (the init blocks everything it reads through its signalfd, and a mask survives exec) and
 /// the open-files limit tfinit was started with. Dispositions were reset to SIG_DFL at start-up,
 /// and std resets SIGPIPE, which it ignores in the parent.
-pub fn child_defaults(cmd: &mut Command) {
+pub(crate) fn child_defaults(cmd: &mut Command) {
     let nofile = ORIGINAL_NOFILE.load(std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the closure runs between fork and exec and calls only sigemptyset, sigprocmask,
     // getrlimit and setrlimit: plain syscalls without locks or allocation (async-signal-safe in
@@ -139,7 +139,7 @@ pub fn child_defaults(cmd: &mut Command) {
 ///
 /// Without this, a controller started with `docker run -it` sits in a background process group
 /// and is stopped by SIGTTIN the first time it reads its terminal (tini does the same).
-pub fn take_terminal_foreground_in_child(cmd: &mut Command) {
+pub(crate) fn take_terminal_foreground_in_child(cmd: &mut Command) {
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions
     // (signal, tcsetpgrp, getpgrp); it allocates nothing and touches no lock. std has already put
     // the child in its own process group at that point.
@@ -166,12 +166,12 @@ pub fn take_terminal_foreground_in_child(cmd: &mut Command) {
 }
 
 /// The highest real-time signal number of this libc.
-pub fn sigrtmax() -> SigNo {
+pub(crate) fn sigrtmax() -> SigNo {
     libc::SIGRTMAX()
 }
 
 /// The lowest real-time signal number usable by programs (glibc reserves the first two).
-pub fn sigrtmin() -> SigNo {
+pub(crate) fn sigrtmin() -> SigNo {
     libc::SIGRTMIN()
 }
 
@@ -180,7 +180,7 @@ pub const MAX_FDS: usize = 4;
 
 /// Why [`recv_with_fds`] failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecvError {
+pub(crate) enum RecvError {
     /// recvmsg(2) failed (EAGAIN when nothing is there).
     Os(Errno),
     /// The peer passed more descriptors than [`MAX_FDS`] (the control data was truncated,
@@ -194,7 +194,7 @@ pub enum RecvError {
 ///
 /// Walks the control data with libc's CMSG_* rather than nix's `cmsgs()`, which fails on
 /// truncated control data and so would leak the descriptors the kernel installed.
-pub fn recv_with_fds(
+pub(crate) fn recv_with_fds(
     sock: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> Result<(usize, Vec<std::os::fd::OwnedFd>), RecvError> {
@@ -260,7 +260,7 @@ pub fn recv_with_fds(
 
 /// Waits up to `timeout` for one of the signals in `set` (blocked in every thread), consuming
 /// it: Ok(None) when none came in time.
-pub fn wait_signal(
+pub(crate) fn wait_signal(
     set: &nix::sys::signal::SigSet,
     timeout: std::time::Duration,
 ) -> Result<Option<SigNo>, Errno> {
@@ -296,7 +296,7 @@ pub fn send_with_fd(
 ///
 /// Raw, because nix decodes the status into its `Signal` enum and fails on real-time signals
 /// after the child was already reaped, losing its status.
-pub fn wait_any_nohang() -> Result<Option<(Pid, i32)>, Errno> {
+pub(crate) fn wait_any_nohang() -> Result<Option<(Pid, i32)>, Errno> {
     let mut status: libc::c_int = 0;
     // SAFETY: `status` is a valid, writable c_int for the duration of the call.
     let rc = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
@@ -312,7 +312,7 @@ pub fn wait_any_nohang() -> Result<Option<(Pid, i32)>, Errno> {
 /// nothing registered with atexit has work to do, so the only effect of `std::process::exit`'s
 /// extra steps (flushing stdout, tearing down the signal stack, glibc's exit handlers) would be
 /// time on the path the container runtime waits on.
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit(2) takes an integer and never returns; it skips destructors and atexit
     // handlers, which is the intent (see above), and leaves no memory of ours in a bad state
     // because the process is gone.
@@ -320,7 +320,7 @@ pub fn exit_now(code: i32) -> ! {
 }
 
 /// The hostname as terraform's `os.Hostname()` sees it (the pod name in Kubernetes).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()

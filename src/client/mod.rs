@@ -29,7 +29,7 @@ pub fn read_frame(sock: &mut UnixStream, payload: &mut Vec<u8>) -> io::Result<Op
 }
 
 /// Writes one frame to a blocking stream.
-pub fn write_frame(sock: &mut UnixStream, kind: Kind, payload: &[u8]) -> io::Result<()> {
+pub(crate) fn write_frame(sock: &mut UnixStream, kind: Kind, payload: &[u8]) -> io::Result<()> {
     let mut buf = Vec::with_capacity(protocol::HEADER + payload.len());
     protocol::encode(kind, payload, &mut buf);
     sock.write_all(&buf)

@@ -2,7 +2,6 @@
 //! answers an input with [`Action`]s instead of doing anything itself; the loop carries them out
 //! in one place (`Init::apply`, supervisor.rs) and feeds what came of them back as inputs.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::unistd::Pid;
@@ -57,19 +56,21 @@ pub(super) enum Action {
     Drain(RunId),
     /// terraform's one graceful SIGTERM, to its own pid.
     Term {
-        /// The terraform.
-        to: Named,
+        /// The run.
+        run: RunId,
+        /// terraform's pid.
+        pid: Pid,
         /// Why, for the log.
         reason: &'static str,
     },
     /// SIGKILL to a run's process group, unless it is empty already.
     KillGroup {
-        /// The terraform whose group it is.
-        to: Named,
+        /// The run.
+        run: RunId,
+        /// terraform's process group.
+        pgid: Pid,
         /// Why, for the log.
         reason: &'static str,
-        /// The resources it had in progress, for the log.
-        in_progress: Option<Vec<String>>,
     },
     /// SIGKILL to what a terraform that exited left in its process group.
     KillLeftovers {
@@ -93,19 +94,6 @@ pub(super) enum Action {
         /// From the shim's request to the end.
         took: Duration,
     },
-}
-
-/// A started terraform, as the log lines of the signals sent to it name it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Named {
-    /// Its run.
-    pub(super) run: RunId,
-    /// terraform's pid, also its process group's id.
-    pub(super) pid: Pid,
-    /// The shim's working directory.
-    pub(super) cwd: PathBuf,
-    /// The terraform subcommand.
-    pub(super) subcommand: String,
 }
 
 /// Why a run is refused before terraform starts. The shim exits 75 ("try again later") with the

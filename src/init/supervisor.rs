@@ -8,6 +8,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +17,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::signalfd::SignalFd;
 use nix::unistd::Pid;
 
-use super::action::{Action, Named};
+use super::action::Action;
 use super::conns::{After, Conns, Read};
 use super::forward::forward_target;
 use super::reaper::{self, Exit};
@@ -154,16 +155,12 @@ impl Init {
                 Action::Watch(run) => self.watch_pipes(run),
                 Action::Resume(run) => self.resume(run),
                 Action::Drain(run) => {
-                    for stream in self.runs.open_streams(run) {
+                    for stream in Stream::BOTH {
                         self.drain_and_close(run, stream);
                     }
                 }
-                Action::Term { to, reason } => self.term(&to, reason),
-                Action::KillGroup {
-                    to,
-                    reason,
-                    in_progress,
-                } => self.kill_group(&to, reason, in_progress),
+                Action::Term { run, pid, reason } => self.term(run, pid, reason),
+                Action::KillGroup { run, pgid, reason } => self.kill_group(run, pgid, reason),
                 Action::KillLeftovers {
                     run,
                     pgid,
@@ -386,33 +383,36 @@ impl Init {
     }
 
     /// terraform's one graceful SIGTERM (to its own pid, never its group).
-    fn term(&self, to: &Named, reason: &str) {
+    fn term(&self, run: RunId, pid: Pid, reason: &str) {
         let (phase, left) = self.timeline.when(Instant::now());
-        match sys::kill(Target::Pid(to.pid), libc::SIGTERM) {
+        let (cwd, subcommand, _) = self.runs.named(run).unwrap_or((Path::new(""), "", None));
+        match sys::kill(Target::Pid(pid), libc::SIGTERM) {
             Ok(()) => tracing::info!(
-                run = %to.run, pid = to.pid.as_raw(), cwd = %to.cwd.display(), subcommand = %to.subcommand,
+                run = %run, pid = pid.as_raw(), cwd = %cwd.display(), subcommand,
                 phase, seconds_left = left, reason, "SIGTERM to terraform (graceful stop: it finishes operations in flight, saves state, releases the lock)"
             ),
             Err(e) => {
-                tracing::warn!(run = %to.run, pid = to.pid.as_raw(), error = %e, "SIGTERM to terraform failed")
+                tracing::warn!(run = %run, pid = pid.as_raw(), error = %e, "SIGTERM to terraform failed")
             }
         }
     }
 
     /// SIGKILL to a run's process group, when anything is left in it.
-    fn kill_group(&self, to: &Named, reason: &str, in_progress: Option<Vec<String>>) {
-        if !sys::group_alive(to.pid) {
+    fn kill_group(&self, run: RunId, pgid: Pid, reason: &str) {
+        if !sys::group_alive(pgid) {
             return;
         }
         let (phase, left) = self.timeline.when(Instant::now());
-        match sys::kill(Target::Group(to.pid), libc::SIGKILL) {
+        let (cwd, subcommand, in_progress) =
+            self.runs.named(run).unwrap_or((Path::new(""), "", None));
+        match sys::kill(Target::Group(pgid), libc::SIGKILL) {
             Ok(()) => tracing::info!(
-                run = %to.run, pid = to.pid.as_raw(), pgid = to.pid.as_raw(), cwd = %to.cwd.display(), subcommand = %to.subcommand,
+                run = %run, pid = pgid.as_raw(), pgid = pgid.as_raw(), cwd = %cwd.display(), subcommand,
                 phase, seconds_left = left, reason, in_progress = ?in_progress,
                 "SIGKILL to terraform's process group"
             ),
             Err(e) => {
-                tracing::warn!(run = %to.run, error = %e, "SIGKILL to terraform's group failed")
+                tracing::warn!(run = %run, error = %e, "SIGKILL to terraform's group failed")
             }
         }
     }

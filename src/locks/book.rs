@@ -348,7 +348,7 @@ impl Notice {
                 secs(age),
                 fmt_duration(*ttl),
                 if *kill { "are SIGKILLed now" } else { "are asked to stop gracefully (one SIGTERM)" },
-                runs.iter().map(RunId::to_string).collect::<Vec<_>>().join(", ")
+                list(runs)
             ),
         }
     }
@@ -362,6 +362,16 @@ impl Notice {
             _ => tracing::info!("{m}"),
         }
     }
+}
+
+/// `r1, r2`.
+fn list(runs: &[RunId]) -> String {
+    let mut out = String::new();
+    for (i, run) in runs.iter().enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        out += &format!("{sep}{run}");
+    }
+    out
 }
 
 /// A live state-locking run.
@@ -678,9 +688,7 @@ impl Book {
             error,
         }));
         // Runs start at once, without a warning each: the one above says it all.
-        let mut runs: Vec<(&RunId, &mut Run)> = self.runs.iter_mut().collect();
-        runs.sort_by_key(|(id, _)| **id);
-        for (id, r) in runs {
+        for (id, r) in &mut self.runs {
             if matches!(r.record, RecordStatus::Pending { .. }) {
                 ev.push(Event::Start {
                     run: *id,

@@ -8,7 +8,6 @@ use std::time::Instant;
 use super::super::action::Action;
 use super::super::reaper::Exit;
 use super::super::records::Records;
-use super::super::token::Stream;
 use super::life::{Helper, Job, Life, Stop};
 use super::{Runs, LINGER};
 use crate::locks::follower::Follower;
@@ -49,7 +48,8 @@ impl Runs {
             Stop::Graceful { .. } | Stop::Killed { graceful: true } => return,
         };
         acts.push(Action::Term {
-            to: run.job.named(*pid),
+            run: id,
+            pid: *pid,
             reason,
         });
     }
@@ -59,7 +59,6 @@ impl Runs {
         let Some(run) = self.table.get_mut(&id) else {
             return;
         };
-        let job = &run.job;
         match &mut run.life {
             // Not started: nothing to kill (the shutdown refused it already).
             Life::AwaitingRecords { .. } | Life::Recording { .. } | Life::Launching { .. } => {}
@@ -80,9 +79,9 @@ impl Runs {
                 };
                 *stop = Stop::Killed { graceful };
                 acts.push(Action::KillGroup {
-                    to: job.named(*pid),
+                    run: id,
+                    pgid: *pid,
                     reason,
-                    in_progress: job.follower.as_ref().map(Follower::in_progress),
                 });
             }
         }
@@ -92,7 +91,7 @@ impl Runs {
     /// kill step (`Force::Kill`: every run's process group, or helper, is SIGKILLed).
     pub(in crate::init) fn stop_all(&mut self, force: Force, reason: &'static str) -> Vec<Action> {
         let mut acts = Vec::new();
-        let ids: Vec<RunId> = self.table.keys().copied().collect();
+        let ids = self.ids();
         for id in ids {
             self.stop(id, force, reason, &mut acts);
         }
@@ -287,7 +286,7 @@ impl Runs {
     ) -> Vec<Action> {
         let mut acts = Vec::new();
         self.expire_waiting(records, state_dir, now, &mut acts);
-        let ids: Vec<RunId> = self.table.keys().copied().collect();
+        let ids = self.ids();
         for id in ids {
             let Some(run) = self.table.get(&id) else {
                 continue;
@@ -304,17 +303,6 @@ impl Runs {
             }
         }
         acts
-    }
-
-    /// Which streams of run `id` are still open, in the order they are drained.
-    pub(in crate::init) fn open_streams(&self, id: RunId) -> Vec<Stream> {
-        let Some(pipes) = self.table.get(&id).and_then(|r| r.pipes()) else {
-            return Vec::new();
-        };
-        Stream::BOTH
-            .into_iter()
-            .filter(|s| pipes.get(*s).is_some())
-            .collect()
     }
 }
 

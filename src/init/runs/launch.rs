@@ -127,8 +127,8 @@ impl Runs {
     }
 
     /// `id`'s request, for the loop to start its recovery helper with.
-    pub(in crate::init) fn request_of(&self, id: RunId) -> Option<&RunRequest> {
-        Some(&self.table.get(&id)?.life.pending()?.request)
+    pub(in crate::init) fn request_of(&mut self, id: RunId) -> Option<&RunRequest> {
+        Some(&self.table.get_mut(&id)?.life.pending_mut()?.request)
     }
 
     /// The loop tried to start `id`'s recovery helper (with `args`): it runs, or terraform starts
@@ -184,13 +184,12 @@ impl Runs {
         now: Instant,
         acts: &mut Vec<Action>,
     ) {
-        let Some(run) = self.table.get(&id) else {
+        let Some(Run { job, life }) = self.table.get_mut(&id) else {
             return;
         };
-        let Some(pending) = run.life.pending() else {
+        let Some(pending) = life.pending_mut() else {
             return;
         };
-        let job = &run.job;
         let subject = Subject {
             run: id,
             cwd: &job.cwd,
@@ -463,15 +462,16 @@ impl Runs {
 
     /// Moves a run that has not started terraform to the state `next` makes of its request.
     fn move_to(&mut self, id: RunId, next: impl FnOnce(Pending) -> Life) {
-        let Some(Run { job, life }) = self.table.remove(&id) else {
+        let Some(run) = self.table.get_mut(&id) else {
             return;
         };
-        let life = match life.into_pending() {
-            Ok(pending) => next(pending),
-            // terraform runs or ran: there is no request to move.
-            Err(life) => life,
+        // terraform runs or ran: there is no request to move.
+        let Some(pending) = run.life.pending_mut() else {
+            return;
         };
-        self.table.insert(id, Run { job, life });
+        // The old state is replaced at once: the empty request left in it is never seen.
+        let pending = std::mem::take(pending);
+        run.life = next(pending);
     }
 }
 

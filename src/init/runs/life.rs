@@ -7,7 +7,6 @@ use std::time::{Instant, SystemTime};
 
 use nix::unistd::Pid;
 
-use super::super::action::Named;
 use super::super::reaper::Exit;
 use super::super::token::{ConnId, Stream};
 use crate::locks::follower::Follower;
@@ -87,7 +86,7 @@ impl Stop {
 }
 
 /// What a run holds until terraform starts: the shim's request and stdin.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Pending {
     /// The request.
     pub(super) request: Box<RunRequest>,
@@ -181,25 +180,14 @@ impl Life {
         }
     }
 
-    /// Its request, while terraform has not started.
-    pub(super) fn pending(&self) -> Option<&Pending> {
+    /// Its request, while terraform has not started (to read it, or move it to the next state).
+    pub(super) fn pending_mut(&mut self) -> Option<&mut Pending> {
         match self {
             Life::AwaitingRecords { pending, .. }
             | Life::Recovering { pending, .. }
             | Life::Recording { pending }
             | Life::Launching { pending } => Some(pending),
             Life::Running { .. } | Life::Exited { .. } => None,
-        }
-    }
-
-    /// Its request, to move to the next state; itself back once terraform started.
-    pub(super) fn into_pending(self) -> Result<Pending, Life> {
-        match self {
-            Life::AwaitingRecords { pending, .. }
-            | Life::Recovering { pending, .. }
-            | Life::Recording { pending }
-            | Life::Launching { pending } => Ok(pending),
-            Life::Running { .. } | Life::Exited { .. } => Err(self),
         }
     }
 }
@@ -254,16 +242,6 @@ impl Job {
     /// Whether it takes terraform's state lock (then it has a record, and a lock check first).
     pub(super) fn locking(&self) -> bool {
         self.follower.is_some()
-    }
-
-    /// Its terraform `pid`, as signal logs name it.
-    pub(super) fn named(&self, pid: Pid) -> Named {
-        Named {
-            run: self.id,
-            pid,
-            cwd: self.cwd.clone(),
-            subcommand: self.invocation.subcommand.clone(),
-        }
     }
 
     /// Logs complete lines of output at debug while no shim is attached (the run was abandoned):

@@ -12,8 +12,9 @@ mod life;
 
 pub(super) use ending::Force;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use life::{Life, Run, Stop};
@@ -31,7 +32,7 @@ pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// Every run, by id.
 #[derive(Debug)]
 pub(super) struct Runs {
-    table: BTreeMap<RunId, Run>,
+    table: HashMap<RunId, Run>,
     /// The id of the next run.
     next: RunId,
     /// TFINIT_RECORD_TIMEOUT: how long a state-locking run waits for the store at most.
@@ -44,7 +45,7 @@ impl Runs {
     /// No runs yet.
     pub(super) fn new(record_timeout: Duration, stop_timeout: Duration) -> Runs {
         Runs {
-            table: BTreeMap::new(),
+            table: HashMap::new(),
             next: RunId::FIRST,
             record_timeout,
             stop_timeout,
@@ -134,6 +135,14 @@ impl Runs {
         acts
     }
 
+    /// How signal logs name run `id`'s terraform: its working directory, its subcommand, and
+    /// the resources it has in progress (state-locking runs).
+    pub(super) fn named(&self, id: RunId) -> Option<(&Path, &str, Option<Vec<String>>)> {
+        let job = &self.table.get(&id)?.job;
+        let in_progress = job.follower.as_ref().map(|f| f.in_progress());
+        Some((&job.cwd, &job.invocation.subcommand, in_progress))
+    }
+
     // ----- the output relay's view: where a run's output goes -----
 
     /// Whether `id`'s pipes are read now (it exists, and its shim keeps up).
@@ -213,6 +222,11 @@ impl Runs {
         Some((pipes.take(stream)?, pipes.paused))
     }
 
+    /// Every run's id.
+    fn ids(&self) -> Vec<RunId> {
+        self.table.keys().copied().collect()
+    }
+
     fn next_id(&mut self) -> RunId {
         let id = self.next;
         self.next = id.next();
@@ -221,7 +235,7 @@ impl Runs {
 
     /// Whether a lock recovery runs (or is being started) in `workdir`: nothing launches there
     /// meanwhile.
-    fn recovering_in(&self, workdir: &std::path::Path) -> bool {
+    fn recovering_in(&self, workdir: &Path) -> bool {
         self.table
             .values()
             .any(|r| r.recovering() && r.job.workdir == workdir)

@@ -574,7 +574,7 @@ mod tests {
             .to_string();
         assert!(e.contains(&format!("TFINIT_OWNER={too_long:?}")), "{e}");
         assert!(
-            e.contains("is 119 bytes long") && e.contains("at most 118"),
+            e.contains("is 110 bytes long") && e.contains("at most 109"),
             "{e}"
         );
         assert!(

@@ -319,6 +319,23 @@ pub(crate) fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// 32 random bits from the kernel (getrandom(2), without waiting for its pool at early boot), or,
+/// when it has none to give, from the monotonic clock's nanoseconds: what tells apart two inits
+/// that start in the same millisecond with the same pid (PID 1 of two containers on one node).
+pub(crate) fn random_u32() -> u32 {
+    let mut buf = [0u8; 4];
+    // SAFETY: `buf` is a valid, writable 4-byte buffer for the duration of the call, and its
+    // length is passed with it.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), libc::GRND_NONBLOCK) };
+    if n == buf.len() as isize {
+        return u32::from_ne_bytes(buf);
+    }
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_nsec() as u64 ^ (t.tv_sec() as u64).rotate_left(29)
+    });
+    (t ^ (t >> 32)) as u32 ^ std::process::id().rotate_left(16)
+}
+
 /// The hostname as terraform's `os.Hostname()` sees it (the pod name in Kubernetes).
 pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

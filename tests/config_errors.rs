@@ -326,9 +326,9 @@ fn a_value_that_is_not_utf8_is_refused_naming_the_variable() {
 
 #[test]
 fn an_owner_name_too_long_for_its_file_names_is_refused_with_its_length_and_the_maximum() {
-    // 118 bytes: src/locks/store.rs MAX_OWNER_LEN (a record's temporary file name is the owner
-    // plus 137 bytes at most, and a file name has at most 255).
-    let longest = "p".repeat(118);
+    // 109 bytes: src/locks/names.rs MAX_OWNER_LEN (a record's temporary file name is the owner
+    // plus 146 bytes at most, and a file name has at most 255).
+    let longest = "p".repeat(109);
     let o = run_env("TFINIT_OWNER", &longest);
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(o.started, "the longest owner name did not start");
@@ -337,9 +337,9 @@ fn an_owner_name_too_long_for_its_file_names_is_refused_with_its_length_and_the_
         ("TFINIT_OWNER", run_env("TFINIT_OWNER", &too_long)),
         ("--owner", run(&[], &[&format!("--owner={too_long}")])),
     ] {
-        assert_refused(&o, name, &too_long, "an owner name of 119 bytes");
+        assert_refused(&o, name, &too_long, "an owner name of 110 bytes");
         assert!(
-            o.stderr.contains("is 119 bytes long") && o.stderr.contains("at most 118"),
+            o.stderr.contains("is 110 bytes long") && o.stderr.contains("at most 109"),
             "{}",
             o.stderr
         );

@@ -156,11 +156,24 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
     let first = snapshot(&w, 1);
     assert_eq!(first.len(), 1, "{first:?}");
     let r = &first[0];
-    assert_eq!(r["v"], 2);
+    assert_eq!(r["v"], 3);
     assert_eq!(r["owner"]["name"], "pod-r");
     assert_eq!(r["owner"]["boot_id"], boot.trim());
     assert_eq!(r["owner"]["pid"], 1);
     assert_eq!(r["owner"]["pod_uid"], "6b1c-uid");
+    let nonce = r["owner"]["nonce"].as_u64().expect("a nonce in the owner");
+    assert!(
+        w.state
+            .join("owners")
+            .read_dir()
+            .unwrap()
+            .flatten()
+            .any(|e| e
+                .file_name()
+                .to_string_lossy()
+                .ends_with(&format!("-{nonce:08x}.json"))),
+        "the heartbeat file's name ends with the nonce"
+    );
     assert!(r["owner"]["started_ms"].as_u64().unwrap() <= r["started_ms"].as_u64().unwrap());
     assert_eq!(
         r["who"], "@pod-r",
@@ -517,7 +530,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
         "argv": ["apply"], "started_ms": 2, "updated_ms": 2,
     })
     .to_string();
-    let future = json!({"v": 3, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
+    let future = json!({"v": 4, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
         .to_string();
     let files: [(&str, &[u8]); 4] = [
         ("truncated.json", &good.as_bytes()[..good.len() / 2]),

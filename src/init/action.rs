@@ -106,6 +106,11 @@ pub(super) enum Refusal {
     ShuttingDown,
     /// This owner's heartbeat does not land, so its state-locking runs are being stopped.
     Fenced,
+    /// The state volume cannot be written and holds a record with this pod's `Who` in the run's
+    /// working directory.
+    Shadowed,
+    /// The state volume has not answered since the init started: no heartbeat of it is there.
+    Unseen,
 }
 
 impl Refusal {
@@ -115,6 +120,8 @@ impl Refusal {
             Refusal::Draining => "draining (tfinit drain; `tfinit resume` accepts runs again)",
             Refusal::ShuttingDown => "shutting down (the container is stopping)",
             Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
+            Refusal::Unseen => "waiting for the state volume (TFINIT_STATE_DIR), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
+            Refusal::Shadowed => "unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who in this working directory (another pod's recovery of it could release this run's lock; see the init's log)",
         }
     }
 

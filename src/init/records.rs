@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::action::Refusal;
 use super::spawn::RecoveryArgs;
 use crate::config::InitConfig;
-use crate::locks::book::{Book, Event, RecordStatus, Start, View};
+use crate::locks::book::{Book, Event, Launch, RecordStatus, Start, View};
 use crate::locks::liveness::monotonic_ns;
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner, Record};
@@ -272,11 +273,18 @@ impl Records {
         })
     }
 
-    /// Whether state-locking `run` must not start because this owner's heartbeat does not land:
-    /// the fence would stop it at once (its lock would carry the Who of an owner other pods may
-    /// soon take for dead), recorded or not.
-    pub(super) fn fenced(&self, run: RunId) -> bool {
-        !self.book.may_launch(run)
+    /// Why state-locking `run` must not start now, if it must not: this owner's heartbeat does
+    /// not land (the fence would stop it at once: its lock would carry the Who of an owner other
+    /// pods may soon take for dead), recorded or not; or the volume cannot be written and holds
+    /// a record with this pod's Who in its directory (another pod's recovery of it could release
+    /// this run's lock).
+    pub(super) fn refusal(&self, run: RunId) -> Option<Refusal> {
+        match self.book.may_launch(run) {
+            Launch::Yes => None,
+            Launch::Fenced => Some(Refusal::Fenced),
+            Launch::Shadowed => Some(Refusal::Shadowed),
+            Launch::Unseen => Some(Refusal::Unseen),
+        }
     }
 
     /// Whether `run`'s record is one to keep when terraform may have left its lock: it was, or
@@ -403,7 +411,7 @@ mod tests {
             panic!("a create");
         };
         assert_eq!((run, record.run_id.as_str()), (r1, "r1"));
-        assert!(!r.fenced(r1));
+        assert_eq!(r.refusal(r1), None);
         let landed = Completion::Created {
             run: r1,
             result: Ok(PathBuf::from("/state/records/x.json")),
@@ -460,7 +468,7 @@ mod tests {
                 kill: false
             }]
         );
-        assert!(r.fenced(r1));
+        assert_eq!(r.refusal(r1), Some(Refusal::Fenced));
         let kill = r.tick(t0 + Duration::from_secs(28));
         assert_eq!(
             kill,

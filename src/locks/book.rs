@@ -15,7 +15,7 @@ use super::liveness::{run_state, Facts, Fence, Observer, RunState, Seen, Token, 
 use super::names::RunId;
 use super::record::{Ended, Owner};
 use super::recorder::{Completion, Entry, Request, Table, WriteError};
-use super::who::who_for;
+use super::who::{who_for, who_host};
 use crate::duration::fmt_duration;
 
 /// How often "state volume is not answering" is repeated while it lasts.
@@ -168,6 +168,14 @@ pub enum Notice {
         /// Why.
         error: String,
     },
+    /// The store cannot be written, and records of this pod's host (`Who`) are in these
+    /// working directories: state-locking runs there are refused meanwhile.
+    Shadowed {
+        /// The state directory.
+        dir: String,
+        /// The working directories.
+        workdirs: Vec<PathBuf>,
+    },
     /// A run's record did not land in time: it starts without one.
     RecordTimeout {
         /// The run.
@@ -293,6 +301,20 @@ impl Notice {
                  writable volume there (emptyDir for container restarts, a PVC for pod replacement) \
                  or set TFINIT_STATE_DIR to one (state_dir {dir}: {error})"
             ),
+            Notice::Shadowed { dir, workdirs } => {
+                let mut dirs = String::new();
+                for (i, d) in workdirs.iter().enumerate() {
+                    dirs += if i == 0 { "" } else { ", " };
+                    dirs += &d.display().to_string();
+                }
+                format!(
+                    "TFINIT_STATE_DIR ({dir}) cannot be written but holds lock-owner records of earlier runs with this pod's \
+                     hostname in their lock's Who, in {dirs}: state-locking runs there are refused (exit code 75) until the \
+                     volume takes writes again or those records are gone, because another pod recovering such a record \
+                     could release a lock of this pod's, which carries the same Who, while this pod cannot say it is alive. \
+                     Fix the volume (space, permissions, the NFS server)"
+                )
+            }
             Notice::RecordTimeout { run, dir, timeout } => format!(
                 "run {run}: the state volume did not answer within TFINIT_RECORD_TIMEOUT ({}): terraform starts without a \
                  lock-owner record, so a state lock this run leaves behind will not be released automatically. \
@@ -331,10 +353,10 @@ impl Notice {
                  in TFINIT_STATE_DIR or mount a bigger, writable volume there ({error})"
             ),
             Notice::EndFailed { run, error } => format!(
-                "run {run}: cannot mark the lock-owner record as ended; it is recovered once this owner is dead ({error})"
+                "run {run}: cannot mark the lock-owner record as ended; tried again after every heartbeat that lands, and recovered once this owner is dead ({error})"
             ),
             Notice::RemoveFailed { run, error } => {
-                format!("run {run}: cannot remove the lock-owner record ({error})")
+                format!("run {run}: cannot remove the lock-owner record; tried again after every heartbeat that lands ({error})")
             }
             Notice::SharedName { owner, other, me } => format!(
                 "another tfinit is using owner name {owner} (incarnation {other}; this one is {me}) with the same \
@@ -388,6 +410,8 @@ struct Run {
 #[derive(Debug, Clone)]
 struct Closing {
     workdir: PathBuf,
+    /// The `Who` of its run's lock.
+    who: String,
     /// The record's id, when its create had landed.
     path: Option<PathBuf>,
     /// How the run ended (an end-marking), or None (a removal).
@@ -424,8 +448,28 @@ pub struct Book {
     /// Another live incarnation of our name was reported.
     shared_reported: bool,
     fence: FenceStage,
+    /// While the store cannot be written: where records of this host's `Who` keep state-locking
+    /// runs from starting ([`Book::may_launch`]).
+    shadowed: Vec<PathBuf>,
     runs: HashMap<RunId, Run>,
     closing: HashMap<RunId, Closing>,
+}
+
+/// Whether a state-locking run may start terraform now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// It may.
+    Yes,
+    /// Not while this owner's heartbeat does not land (the fence is up).
+    Fenced,
+    /// Not while the store cannot be written and a record with this pod's `Who` is in its
+    /// working directory.
+    Shadowed,
+    /// Not before a heartbeat of this incarnation is on the volume, while the store has not
+    /// opened (it hangs, or it did not answer in time): other pods cannot know it is alive, nor
+    /// can it read whether a dead earlier run with its `Who` has a record there (the rule for a
+    /// store that fails at open, [`Launch::Shadowed`], needs that reading).
+    Unseen,
 }
 
 impl Book {
@@ -458,6 +502,7 @@ impl Book {
             held: Vec::new(),
             shared_reported: false,
             fence: FenceStage::Clear,
+            shadowed: Vec::new(),
             runs: HashMap::new(),
             closing: HashMap::new(),
         }
@@ -505,7 +550,8 @@ impl Book {
         let (start, record) = match self.state {
             StoreState::Failed => (Start::Unrecorded(None), RecordStatus::Unrecorded),
             StoreState::NotAnswering { since, last_warned } => {
-                let warn = now.saturating_duration_since(last_warned) >= NOT_ANSWERING_EVERY;
+                let warn = self.heartbeat_ok.is_some()
+                    && now.saturating_duration_since(last_warned) >= NOT_ANSWERING_EVERY;
                 let notice = warn.then(|| {
                     self.state = StoreState::NotAnswering {
                         since,
@@ -531,17 +577,14 @@ impl Book {
             // is sent before the store is open, so that every run with a record is started after
             // the loop holds the incarnation's lock file (and inherits it). Until a write
             // succeeds, the store does not answer.
+            // No heartbeat of this incarnation landed yet, so the run is refused when it asks to
+            // launch (Launch::Unseen), which says why.
             StoreState::Opening { .. } => {
                 self.state = StoreState::NotAnswering {
                     since: now,
                     last_warned: now,
                 };
-                let notice = Notice::RecordTimeout {
-                    run,
-                    dir: self.dir.clone(),
-                    timeout: self.record_timeout,
-                };
-                (Start::Unrecorded(Some(notice)), RecordStatus::Unrecorded)
+                (Start::Unrecorded(None), RecordStatus::Unrecorded)
             }
         };
         self.runs.insert(
@@ -585,6 +628,7 @@ impl Book {
         self.closing.insert(
             run,
             Closing {
+                who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
                 workdir: r.workdir,
                 path,
                 ended: ended.clone(),
@@ -614,8 +658,9 @@ impl Book {
             Completion::Opened {
                 result: Err(error),
                 passwd_user,
+                table,
                 ..
-            } => self.open_failed(error, passwd_user, &mut ev),
+            } => self.open_failed(error, passwd_user, table, &mut ev),
             Completion::Heartbeat {
                 result: Ok(()),
                 stamped,
@@ -674,14 +719,38 @@ impl Book {
             }));
         }
         self.answered(ev);
-        if matches!(self.state, StoreState::Opening { .. }) {
+        // A store that failed at start opens when the recorder's retry succeeds.
+        if matches!(self.state, StoreState::Opening { .. } | StoreState::Failed) {
             self.state = StoreState::Open;
+            self.shadowed.clear();
         }
     }
 
-    /// The store cannot be used: said once, and every run waiting for its record starts without.
-    fn open_failed(&mut self, error: String, passwd_user: Option<String>, ev: &mut Vec<Event>) {
+    /// The store cannot be used: said once, and every run waiting for its record starts without,
+    /// but in a directory the records it could still read shadow (see [`Book::may_launch`]). The
+    /// recorder tries again every TTL/3: a later failure only brings the records it read.
+    fn open_failed(
+        &mut self,
+        error: String,
+        passwd_user: Option<String>,
+        table: Option<Table>,
+        ev: &mut Vec<Event>,
+    ) {
         self.passwd_user = passwd_user;
+        self.table = table;
+        let shadowed = self.shadowed_dirs();
+        if shadowed != self.shadowed {
+            if !shadowed.is_empty() {
+                ev.push(Event::Log(Notice::Shadowed {
+                    dir: self.dir.clone(),
+                    workdirs: shadowed.clone(),
+                }));
+            }
+            self.shadowed = shadowed;
+        }
+        if self.state == StoreState::Failed {
+            return;
+        }
         self.state = StoreState::Failed;
         ev.push(Event::Log(Notice::NotUsable {
             dir: self.dir.clone(),
@@ -781,6 +850,7 @@ impl Book {
         }
         let Some(Closing {
             workdir,
+            who,
             path: Some(path),
             ended,
         }) = closing
@@ -790,6 +860,7 @@ impl Book {
         let entry = ended.map(|ended| Entry {
             path: path.clone(),
             workdir,
+            who,
             facts: Facts {
                 owner: self.me.clone(),
                 updated_ms: ended.ms,
@@ -861,11 +932,15 @@ impl Book {
                     last_warned: now,
                 };
             }
-            ev.push(Event::Log(Notice::RecordTimeout {
-                run: id,
-                dir: self.dir.clone(),
-                timeout: self.record_timeout,
-            }));
+            // A run of an incarnation no heartbeat of which landed is refused when it asks to
+            // start (Launch::Unseen), which says why: "starts without a record" would be wrong.
+            if self.heartbeat_ok.is_some() {
+                ev.push(Event::Log(Notice::RecordTimeout {
+                    run: id,
+                    dir: self.dir.clone(),
+                    timeout: self.record_timeout,
+                }));
+            }
             ev.push(Event::Start {
                 run: id,
                 recorded: false,
@@ -914,8 +989,44 @@ impl Book {
     /// Whether state-locking `run` may start terraform now: not while the fence is up (its lock
     /// would carry the Who of an owner other pods may soon take for dead), recorded or not. A run
     /// the book does not know (it takes no lock) always may.
-    pub fn may_launch(&self, run: RunId) -> bool {
-        !self.runs.contains_key(&run) || self.fence == FenceStage::Clear
+    pub fn may_launch(&self, run: RunId) -> Launch {
+        let Some(r) = self.runs.get(&run) else {
+            return Launch::Yes;
+        };
+        if self.fence != FenceStage::Clear {
+            return Launch::Fenced;
+        }
+        if self.state == StoreState::Failed {
+            if self.shadowed.contains(&r.workdir) {
+                return Launch::Shadowed;
+            }
+        } else if self.heartbeat_ok.is_none() {
+            return Launch::Unseen;
+        }
+        Launch::Yes
+    }
+
+    /// The working directories where a record of another incarnation has a `Who` of this
+    /// pod's host: while this incarnation cannot write to the volume, it is invisible to other
+    /// pods, and one recovering such a record (a dead earlier container's, a run whose removal
+    /// failed) could release a lock of this incarnation's that carries the same `Who`. So its
+    /// state-locking runs there wait (refused with 75) until the volume opens or the records are
+    /// gone. Found by the simulation (docs/reliability.md).
+    fn shadowed_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let Some(t) = &self.table else {
+            return dirs;
+        };
+        for e in &t.records {
+            if who_host(&e.who) == self.host
+                && !e.facts.owner.same_incarnation(&self.me)
+                && !dirs.contains(&e.workdir)
+            {
+                dirs.push(e.workdir.clone());
+            }
+        }
+        dirs.sort();
+        dirs
     }
 
     /// How far the fence has gone: a state-locking run may start only while it is `Clear`.
@@ -1190,6 +1301,7 @@ mod tests {
         Entry {
             path: path.into(),
             workdir: workdir.into(),
+            who: format!("@{}", owner.name),
             facts: Facts {
                 owner,
                 updated_ms,
@@ -1206,6 +1318,97 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    fn failed_open(t: Instant, records: Vec<Entry>) -> Completion {
+        Completion::Opened {
+            result: Err("No space left on device (os error 28)".into()),
+            table: Some(table(t, records, vec![])),
+            passwd_user: None,
+            beat: None,
+            lock: None,
+        }
+    }
+
+    #[test]
+    fn a_store_that_fails_at_open_refuses_runs_only_where_a_record_has_this_pods_who() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let earlier = other("pod-a", T0 - 60_000);
+        let records = vec![
+            entry("/state/records/1.json", "/tf/x", earlier, T0),
+            entry("/state/records/2.json", "/tf/y", other("pod-b", T0), T0),
+        ];
+        let ev = b.on_completion(failed_open(t, records.clone()), t);
+        let said = logs(&ev);
+        assert!(
+            said.iter()
+                .any(|l| l.starts_with("TFINIT_STATE_DIR is not usable")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter().any(
+                |l| l.contains("cannot be written but holds lock-owner records")
+                    && l.contains("/tf/x")
+                    && !l.contains("/tf/y")
+            ),
+            "{said:?}"
+        );
+        let (x, y) = (RunId::from(1), RunId::from(2));
+        begin(&mut b, x, t);
+        b.begin(y, Path::new("/tf/y"), "default", &[], t, None);
+        assert_eq!(
+            b.may_launch(x),
+            Launch::Shadowed,
+            "an earlier container's record in /tf/x"
+        );
+        assert_eq!(
+            b.may_launch(y),
+            Launch::Yes,
+            "another pod's Who is not this pod's"
+        );
+        // The retry fails again with the same records: nothing new is said.
+        let ev = b.on_completion(failed_open(t, records), t);
+        assert_eq!(logs(&ev), Vec::<String>::new());
+        assert_eq!(b.may_launch(x), Launch::Shadowed);
+        // Another pod recovered the record: /tf/x is free again, the volume still failing.
+        let ev = b.on_completion(failed_open(t, vec![]), t);
+        assert_eq!(logs(&ev), Vec::<String>::new());
+        assert_eq!(b.may_launch(x), Launch::Yes);
+        // The volume is back: the store opens on a retry.
+        let earlier = other("pod-a", T0 - 60_000);
+        let rec = entry("/state/records/1.json", "/tf/x", earlier, T0);
+        b.on_completion(failed_open(t, vec![rec.clone()]), t);
+        assert_eq!(b.may_launch(x), Launch::Shadowed);
+        b.on_completion(opened(t, table(t, vec![rec], vec![])), t);
+        assert_eq!(b.state(), StoreState::Open);
+        assert_eq!(
+            b.may_launch(x),
+            Launch::Yes,
+            "an open store records and fences"
+        );
+    }
+
+    #[test]
+    fn a_run_whose_wait_ends_before_any_heartbeat_landed_is_refused_not_started_unrecorded() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let r1 = RunId::from(1);
+        // The init asks once the run's wait for the store (TFINIT_RECORD_TIMEOUT) is over.
+        assert_eq!(b.state(), StoreState::Opening { since: t });
+        let start = begin(&mut b, r1, t + TIMEOUT);
+        assert!(
+            matches!(start, Start::Unrecorded(None)),
+            "no \"terraform starts without a record\": {start:?}"
+        );
+        assert_eq!(b.may_launch(r1), Launch::Unseen);
+        // The next run asks while the volume still has not answered: refused at once, too.
+        let r2 = RunId::from(2);
+        begin(&mut b, r2, t + TIMEOUT);
+        assert_eq!(b.may_launch(r2), Launch::Unseen);
+        // Its first heartbeat lands (the open finishes): runs may start.
+        b.on_completion(opened(t + TIMEOUT, table(t, vec![], vec![])), t + TIMEOUT);
+        assert_eq!(b.may_launch(r2), Launch::Yes);
     }
 
     fn begin(b: &mut Book, run: RunId, now: Instant) -> Start {
@@ -1230,11 +1433,13 @@ mod tests {
         let mut b = book(t);
         assert_eq!(b.view(t).state, "opening");
         // No create goes out before the store is open (and the loop holds the incarnation's
-        // lock file for the run to inherit): a run that gave up waiting starts without one.
+        // lock file for the run to inherit): a run that gave up waiting gets none, and may not
+        // launch before this incarnation's first heartbeat landed.
         assert!(matches!(
             begin(&mut b, RunId::from(0), t),
-            Start::Unrecorded(Some(Notice::RecordTimeout { .. }))
+            Start::Unrecorded(None)
         ));
+        assert_eq!(b.may_launch(RunId::from(0)), Launch::Unseen);
         let ev = b.on_completion(opened(t, table(t, vec![], vec![])), t);
         assert!(
             logs(&ev)[0].contains("lock-owner records enabled"),
@@ -1341,9 +1546,14 @@ mod tests {
         let mut b = book(t);
         assert!(matches!(
             begin(&mut b, RunId::from(1), t),
-            Start::Unrecorded(Some(_))
+            Start::Unrecorded(None)
         ));
         let ev = b.on_completion(Completion::not_usable("read-only file system".into()), t);
+        assert_eq!(
+            b.may_launch(RunId::from(1)),
+            Launch::Yes,
+            "no record to shadow it"
+        );
         assert_eq!(logs(&ev).len(), 1);
         assert!(logs(&ev)[0].contains("TFINIT_STATE_DIR is not usable"));
         assert!(
@@ -1791,8 +2001,12 @@ mod tests {
             begin(&mut b, RunId::from(3), stop_at),
             Start::Unrecorded(Some(_))
         ));
-        assert!(!b.may_launch(RunId::from(3)));
-        assert!(b.may_launch(RunId::from(9)), "a run that takes no lock may");
+        assert_eq!(b.may_launch(RunId::from(3)), Launch::Fenced);
+        assert_eq!(
+            b.may_launch(RunId::from(9)),
+            Launch::Yes,
+            "a run that takes no lock may"
+        );
         assert_eq!(b.next_wakeup().map(|w| w <= kill_at), Some(true));
         let ev = b.tick(kill_at);
         assert!(

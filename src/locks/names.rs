@@ -89,8 +89,8 @@ const U32_DIGITS: usize = 10;
 /// Characters of the longest i32 (`-2147483648`): a record read back may carry any pid, and a
 /// recovery writes such a record under its own name (`needs_person`).
 const I32_CHARS: usize = 11;
-/// `Owner::incarnation`: `<8 hex of the boot id, or noboot>-<started_ms>-<pid>`.
-pub(super) const INCARNATION_MAX: usize = 8 + 1 + U64_DIGITS + 1 + I32_CHARS;
+/// `Owner::incarnation`: `<8 hex of the boot id, or noboot>-<started_ms>-<pid>-<8 hex nonce>`.
+pub(super) const INCARNATION_MAX: usize = 8 + 1 + U64_DIGITS + 1 + I32_CHARS + 1 + 8;
 /// A run id: `r<u64>` ([`valid_run_id`]).
 const RUN_ID_MAX: usize = 1 + U64_DIGITS;
 /// `store::unique_suffix`: `<pid u32>.<ms u64>.<nanoseconds < 10^9>.<counter u64>`.
@@ -104,15 +104,15 @@ const RECORD_EXTRA: usize = 1 + INCARNATION_MAX + 1 + RUN_ID_MAX + ".json".len()
 /// refuses a longer one at start. The longest name tfinit writes is a record's temporary file:
 ///
 /// ```text
-/// incarnation  <boot>-<started_ms>-<pid>        8 + 1 + 20 + 1 + 11               = 41
-/// record       <owner>.<incarnation>.r<run>.json  owner + 1 + 41 + 1 + 21 + 5       = owner + 69
+/// incarnation  <boot>-<started_ms>-<pid>-<nonce>  8 + 1 + 20 + 1 + 11 + 1 + 8      = 50
+/// record       <owner>.<incarnation>.r<run>.json  owner + 1 + 50 + 1 + 21 + 5       = owner + 78
 /// suffix       <pid>.<ms>.<ns>.<n>               10 + 1 + 20 + 1 + 9 + 1 + 20      = 62
-/// temporary    .<record>.tmp.<suffix>            1 + (owner + 69) + 5 + 62         = owner + 137
-/// set aside    <record minus .json>.json.corrupt                                    = owner + 77
-/// heartbeat    owners/<owner>.<incarnation>.json or .lock: owner + 47; temporary   = owner + 115
+/// temporary    .<record>.tmp.<suffix>            1 + (owner + 78) + 5 + 62         = owner + 146
+/// set aside    <record minus .json>.json.corrupt                                    = owner + 86
+/// heartbeat    owners/<owner>.<incarnation>.json or .lock: owner + 56; temporary   = owner + 124
 /// ```
 ///
-/// so 255 - 137 = 118 bytes.
+/// so 255 - 146 = 109 bytes.
 pub const MAX_OWNER_LEN: usize = NAME_MAX - RECORD_EXTRA - TEMP_EXTRA;
 
 #[cfg(test)]

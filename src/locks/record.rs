@@ -13,8 +13,10 @@ use super::names::{valid_owner, valid_run_id, valid_workspace};
 /// Format version of records written by this tfinit. A file with a newer version is left alone.
 /// Version 2 came with liveness by observation (heartbeats with sequence numbers, one per
 /// incarnation): a tfinit of version 1 leaves version-2 records alone, since it would judge
-/// their owners by wall-clock stamps and a heartbeat file it does not read.
-pub const FORMAT: u32 = 2;
+/// their owners by wall-clock stamps and a heartbeat file it does not read. Version 3 added the
+/// owner's `nonce` to the incarnation, so the names of its heartbeat files: a tfinit of version
+/// 2 would look for a heartbeat under a name without it, find none, and take a live owner for dead.
+pub const FORMAT: u32 = 3;
 
 /// The oldest record format this tfinit reads (its owners are judged by the shared heartbeat
 /// file of their name, `owners/<name>.json`, when it is that incarnation's).
@@ -65,6 +67,11 @@ pub struct Owner {
     /// The pod's UID from the downward API, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// Random bits drawn at start, part of the incarnation: two inits on one node that start in
+    /// the same millisecond as PID 1 (two `hostNetwork` pods with one owner name) are two
+    /// incarnations with a heartbeat file each. Absent in records of format 1 and 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<u32>,
 }
 
 impl Owner {
@@ -79,6 +86,7 @@ impl Owner {
             started_ms: now_ms(),
             pid: std::process::id() as i32,
             pod_uid,
+            nonce: Some(crate::sys::random_u32()),
         }
     }
 
@@ -90,12 +98,11 @@ impl Owner {
             .filter(|c| c.is_ascii_hexdigit())
             .take(8)
             .collect();
-        format!(
-            "{}-{}-{}",
-            if boot.is_empty() { "noboot" } else { &boot },
-            self.started_ms,
-            self.pid
-        )
+        let boot = if boot.is_empty() { "noboot" } else { &boot };
+        match self.nonce {
+            Some(nonce) => format!("{boot}-{}-{}-{nonce:08x}", self.started_ms, self.pid),
+            None => format!("{boot}-{}-{}", self.started_ms, self.pid),
+        }
     }
 
     /// The incarnation's key: `name/incarnation`, unique per incarnation.
@@ -110,6 +117,7 @@ impl Owner {
             && self.started_ms == other.started_ms
             && self.pid == other.pid
             && self.pod_uid == other.pod_uid
+            && self.nonce == other.nonce
     }
 }
 

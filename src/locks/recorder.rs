@@ -119,6 +119,8 @@ pub struct Entry {
     pub path: PathBuf,
     /// Where its run worked.
     pub workdir: PathBuf,
+    /// The `Who` of its run's lock.
+    pub who: String,
     /// Owner, last write, end.
     pub facts: Facts,
 }
@@ -266,6 +268,8 @@ impl Recorder {
             last_heartbeat: None,
             seq: 0,
             holds_lock: false,
+            unclosed: Vec::new(),
+            tried_open: false,
         };
         let out = Outbox {
             tx: outbox,
@@ -516,6 +520,31 @@ struct Worker {
     seq: u64,
     /// Whether this incarnation's lock file is held (said in every heartbeat).
     holds_lock: bool,
+    /// Closings of finished runs that failed (a removal, an end-marking), tried again after every
+    /// heartbeat that lands: left alone, such a record reads as a live run of this live owner,
+    /// with its `Who`, and no recovery in its directory could release a dead run's lock there.
+    unclosed: Vec<Unclosed>,
+    /// Whether the store was tried once (later tries are retries of a failed one).
+    tried_open: bool,
+}
+
+/// A closing of a finished run's record that failed, to try again.
+#[derive(Debug)]
+enum Unclosed {
+    /// The record is to be removed.
+    Remove {
+        /// The run.
+        run: RunId,
+        /// The record.
+        path: PathBuf,
+    },
+    /// The record is to be rewritten as ended (this content).
+    End {
+        /// The run.
+        run: RunId,
+        /// The record, ended.
+        record: Box<Record>,
+    },
 }
 
 impl Worker {
@@ -531,19 +560,21 @@ impl Worker {
                 Self::enqueue(&mut queue, r, out);
             }
             let now = Instant::now();
-            if self.open && now >= next_heartbeat {
+            if now >= next_heartbeat {
                 next_heartbeat = now + self.ttl / 3;
-                queue.push(Request::Heartbeat);
+                if self.open {
+                    queue.push(Request::Heartbeat);
+                } else {
+                    // A volume that failed at start (not mounted yet, full, an NFS server
+                    // away) is tried again on the heartbeat's clock, and its records read
+                    // again meanwhile (they may keep this pod's runs from starting).
+                    self.open_store(out);
+                }
             }
             match queue.next() {
                 Some(job) => self.run(job, &mut queue, out),
                 None => {
-                    let wait = if self.open {
-                        next_heartbeat.saturating_duration_since(now)
-                    } else {
-                        // Nothing to keep alive: sleep until asked.
-                        Duration::from_secs(3600)
-                    };
+                    let wait = next_heartbeat.saturating_duration_since(now);
                     match inbox.recv_timeout(wait) {
                         Ok(r) => Self::enqueue(&mut queue, r, out),
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -587,21 +618,33 @@ impl Worker {
             written
         });
         let result = result.map_err(|e| e.to_string());
-        let table = result.is_ok().then(|| {
+        let table = if result.is_ok() {
             // Unreadable records are set aside now, so each is reported once.
             let records: Vec<Record> = self.store.sweep().into_iter().map(|(_, r)| r).collect();
             self.store
                 .prune_heartbeats(&records, &self.me, HEARTBEAT_RETENTION.max(self.ttl));
             self.scan()
-        });
+        } else {
+            // What can still be read: records of earlier runs with this pod's Who keep its runs
+            // in their directories from starting while it cannot write (locks::book, "shadow").
+            self.listed()
+        };
+        let retry = self.tried_open;
+        self.tried_open = true;
         self.open = result.is_ok();
-        out.send(Completion::Opened {
+        let done = Completion::Opened {
             beat: beat.filter(|_| self.open),
             result,
-            table,
+            table: Some(table),
             passwd_user: self.passwd_user.clone(),
             lock: lock.filter(|_| self.open),
-        });
+        };
+        // Another failure is news nobody waits for: an idle init wakes for it only once.
+        if retry && !self.open {
+            out.send_quietly(done);
+        } else {
+            out.send(done);
+        }
     }
 
     /// Writes the next heartbeat; returns when its stamp was taken and whether it landed.
@@ -623,6 +666,33 @@ impl Worker {
         (stamped, written)
     }
 
+    /// The records alone, as a store that cannot be written still lists them (nothing is set
+    /// aside, no heartbeat is read).
+    fn listed(&self) -> Table {
+        let scanned = Instant::now();
+        let records = self
+            .store
+            .list()
+            .into_iter()
+            .filter_map(|f| match f {
+                Found::Record(path, rec) => Some(Entry {
+                    path,
+                    workdir: PathBuf::from(&rec.workdir),
+                    who: rec.who.clone(),
+                    facts: Facts::of(&rec),
+                }),
+                _ => None,
+            })
+            .collect();
+        Table {
+            scanned,
+            records,
+            beats: Vec::new(),
+            gone: Vec::new(),
+            held: Vec::new(),
+        }
+    }
+
     fn scan(&self) -> Table {
         let scanned = Instant::now();
         let mut records = Vec::new();
@@ -637,6 +707,7 @@ impl Worker {
             records.push(Entry {
                 path,
                 workdir: PathBuf::from(&rec.workdir),
+                who: rec.who.clone(),
                 facts: Facts::of(&rec),
             });
         }
@@ -714,6 +785,7 @@ impl Worker {
                 let ok = self.heartbeat_now(out, late);
                 // After the writes already queued: a scan of many records must not delay them.
                 if ok {
+                    self.close_again(out);
                     queue.push(Request::Rescan);
                 }
             }
@@ -744,6 +816,34 @@ impl Worker {
             out.send(done);
         }
         ok
+    }
+
+    /// Tries again each closing that failed; reports those that land now (the book counted the
+    /// failure already, so a late success is reported without counting a request).
+    fn close_again(&mut self, out: &Outbox) {
+        let mut still = Vec::new();
+        for u in std::mem::take(&mut self.unclosed) {
+            let (run, landed) = match &u {
+                Unclosed::Remove { run, path } => (*run, self.store.remove(path).is_ok()),
+                Unclosed::End { run, record } => (*run, self.store.write(record).is_ok()),
+            };
+            if !landed {
+                still.push(u);
+                continue;
+            }
+            tracing::info!(run = %run, state_dir = %self.store.location(), "the lock-owner record of a run that ended is closed now (it failed before)");
+            out.send(match u {
+                Unclosed::Remove { .. } => Completion::Removed {
+                    run,
+                    result: Ok(()),
+                },
+                Unclosed::End { .. } => Completion::Ended {
+                    run,
+                    result: Ok(()),
+                },
+            });
+        }
+        self.unclosed = still;
     }
 
     fn write(&mut self, w: Request, out: &Outbox) -> Option<Completion> {
@@ -791,13 +891,22 @@ impl Worker {
                     r.in_progress = in_progress;
                     r.ended = Some(ended);
                 });
-                // Kept on the volume, never written again by this incarnation.
-                self.written.remove(&run);
+                // Kept on the volume, never written again by this incarnation (but for a retry).
+                if let (Err(WriteError::Volume(_)), Some((_, record))) =
+                    (&result, self.written.remove(&run))
+                {
+                    let record = Box::new(record);
+                    self.unclosed.push(Unclosed::End { run, record });
+                }
                 Completion::Ended { run, result }
             }
             Request::Remove { run } => {
                 let result = match self.written.remove(&run) {
-                    Some((path, _)) => self.store.remove(&path).map_err(WriteError::from),
+                    Some((path, _)) => self.store.remove(&path).map_err(|e| {
+                        let path = path.clone();
+                        self.unclosed.push(Unclosed::Remove { run, path });
+                        WriteError::from(e)
+                    }),
                     // Never written (its create failed or was cancelled): nothing to remove.
                     None => Ok(()),
                 };
@@ -983,6 +1092,7 @@ pub(crate) mod tests {
             started_ms: 1,
             pid: 1,
             pod_uid: None,
+            nonce: None,
         }
     }
 
@@ -1281,13 +1391,14 @@ pub(crate) mod tests {
         store.with(|i| i.fail_open = true);
         let r = Recorder::start(Box::new(store.clone()), me(), Duration::from_secs(30)).unwrap();
         let seen = collect_until(&r, "Opened", |c| matches!(c, Completion::Opened { .. }));
+        // The records it can still list come along (none here).
         assert!(matches!(
             seen.last(),
             Some(Completion::Opened {
                 result: Err(_),
-                table: None,
+                table: Some(Table { records, .. }),
                 ..
-            })
+            }) if records.is_empty()
         ));
         r.send(create("r1")).unwrap();
         let seen = collect_until(&r, "Created", |c| matches!(c, Completion::Created { .. }));
@@ -1315,6 +1426,70 @@ pub(crate) mod tests {
             matches!(seen.last(), Some(Completion::Written { result: Err(e), .. }) if *e == WriteError::NoRecord)
         );
         assert_eq!(writes(&store), ["create r1"]);
+    }
+
+    #[test]
+    fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
+        let store = TestStore::default();
+        let r = started(&store);
+        r.send(create("r1")).unwrap();
+        r.send(create("r2")).unwrap();
+        collect_until(
+            &r,
+            "r2 created",
+            |c| matches!(c, Completion::Created { run, result: Ok(_) } if *run == id("r2")),
+        );
+        store.with(|i| i.fail_writes = true);
+        r.send(Request::Remove { run: id("r1") }).unwrap();
+        r.send(Request::End {
+            run: id("r2"),
+            ended: ended(),
+            in_progress: vec![],
+        })
+        .unwrap();
+        collect_until(&r, "the failed end-marking", |c| {
+            matches!(c, Completion::Ended { result: Err(_), .. })
+        });
+        // A heartbeat while the volume still fails writes: nothing is closed, nothing reported.
+        store.with(|i| i.fail_heartbeats = true);
+        r.send(Request::Heartbeat).unwrap();
+        let seen = collect_until(&r, "the failed heartbeat", |c| {
+            matches!(c, Completion::Heartbeat { result: Err(_), .. })
+        });
+        assert!(!seen.iter().any(|c| matches!(c, Completion::Removed { .. })));
+        assert_eq!(
+            store.with(|i| i.records.len()),
+            2,
+            "both records are still there"
+        );
+        // The volume is back: the next heartbeat that lands closes both.
+        store.with(|i| {
+            i.fail_writes = false;
+            i.fail_heartbeats = false;
+        });
+        r.send(Request::Heartbeat).unwrap();
+        // Tried in the order they failed: the removal, then the end-marking.
+        let seen = collect_until(
+            &r,
+            "the late end-marking",
+            |c| matches!(c, Completion::Ended { run, result: Ok(()) } if *run == id("r2")),
+        );
+        assert!(
+            seen.iter().any(
+                |c| matches!(c, Completion::Removed { run, result: Ok(()) } if *run == id("r1"))
+            ),
+            "{seen:?}"
+        );
+        let left = store.with(|i| i.records.clone());
+        assert_eq!(left.keys().collect::<Vec<_>>(), [Path::new("r2")]);
+        assert!(left[Path::new("r2")].ended.is_some(), "r2 is marked ended");
+        // Closed once: a later heartbeat writes nothing more.
+        let before = writes(&store).len();
+        r.send(Request::Heartbeat).unwrap();
+        collect_until(&r, "a heartbeat", |c| {
+            matches!(c, Completion::Heartbeat { result: Ok(()), .. })
+        });
+        assert_eq!(writes(&store).len(), before, "{:?}", writes(&store));
     }
 
     #[test]

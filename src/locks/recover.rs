@@ -34,6 +34,7 @@ use super::liveness::{
 use super::lockinfo::{self, LockInfo, Probe};
 use super::record::{self, Found, Heartbeat, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
+use super::who::who_host;
 use super::workspace::data_dir;
 use crate::duration::fmt_duration;
 
@@ -101,11 +102,6 @@ pub enum Decision {
     NotOurs(String),
     /// Could be the dead run's, could be a live one's.
     Ambiguous(String),
-}
-
-/// The host part of a lock's Who (`user@host`).
-pub fn who_host(who: &str) -> &str {
-    who.rsplit_once('@').map_or(who, |(_, host)| host)
 }
 
 /// A tfinit that may be alive (`alive` says so of each heartbeat's incarnation) and runs
@@ -388,15 +384,24 @@ impl Recovery {
     }
 
     /// Watches the heartbeats of the owners of `records` until each is alive (changed) or dead
-    /// (unchanged for a TTL), or proven gone by the kernel. Says once what it waits for.
+    /// (unchanged for a TTL), or proven gone by the kernel; and so those of the tfinits on the
+    /// hosts the records' `Who` names, which [`live_on_host`] asks about (one that died shortly
+    /// before would otherwise stay "may be alive" and keep a dead run's lock for good). Says once
+    /// what it waits for.
     fn watch(&self, observer: &mut Observer, records: &[Record]) {
-        let mut owners: Vec<&Owner> = Vec::new();
-        for r in records {
-            if r.ended.is_none()
-                && !r.owner.same_incarnation(&self.me)
-                && !owners.iter().any(|o| o.same_incarnation(&r.owner))
-            {
-                owners.push(&r.owner);
+        let mut owners: Vec<Owner> = Vec::new();
+        let mut add = |o: &Owner| {
+            if !o.same_incarnation(&self.me) && !owners.iter().any(|x| x.same_incarnation(o)) {
+                owners.push(o.clone());
+            }
+        };
+        for r in records.iter().filter(|r| r.ended.is_none()) {
+            add(&r.owner);
+        }
+        let hosts: Vec<&str> = records.iter().map(|r| who_host(&r.who)).collect();
+        for hb in self.store.heartbeats() {
+            if !hb.host.is_empty() && hosts.contains(&hb.host.as_str()) {
+                add(&hb.owner);
             }
         }
         let mut said = false;
@@ -893,6 +898,7 @@ mod tests {
                 started_ms: T0 - 60_000,
                 pid: 1,
                 pod_uid: None,
+                nonce: None,
             },
             who: "@pod-a".into(),
             run_id: "r1".into(),

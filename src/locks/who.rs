@@ -11,6 +11,11 @@ pub fn passwd_user() -> Option<String> {
     passwd_name(&passwd, nix::unistd::getuid().as_raw())
 }
 
+/// The host part of a lock's Who (`user@host`).
+pub fn who_host(who: &str) -> &str {
+    who.rsplit_once('@').map_or(who, |(_, host)| host)
+}
+
 /// The lock's `Who` for a run with environment `env`, given our uid's passwd user name (see
 /// [`passwd_user`]) and the hostname: `user@host`, the user being the passwd name, else $USER
 /// when $USER and $HOME are both set, else empty. No I/O.

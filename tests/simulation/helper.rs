@@ -14,7 +14,8 @@ use tfinit::locks::liveness::{
 };
 use tfinit::locks::lockinfo::LockInfo;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
-use tfinit::locks::recover::{decide, live_on_host, who_host, Decision, Window, CLOCK_SKEW};
+use tfinit::locks::recover::{decide, live_on_host, Decision, Window, CLOCK_SKEW};
+use tfinit::locks::who::who_host;
 
 use super::legacy;
 use super::world::{
@@ -118,15 +119,22 @@ async fn new_helper(sim: &Sim, h: usize) {
     }
 }
 
-/// Watches the owners of `records` until each is alive, dead or proven gone.
+/// Watches the owners of `records`, and the tfinits on the hosts their `Who` names (recover.rs:
+/// `watch`), until each is alive, dead or proven gone.
 async fn watch(sim: &Sim, c: &Ctx, observer: &mut Observer, records: &[Rc<Record>]) {
     let mut owners: Vec<Owner> = Vec::new();
-    for r in records {
-        if r.ended.is_none()
-            && !r.owner.same_incarnation(&c.me)
-            && !owners.iter().any(|o| o.same_incarnation(&r.owner))
-        {
-            owners.push(r.owner.clone());
+    let mut add = |o: &Owner| {
+        if !o.same_incarnation(&c.me) && !owners.iter().any(|x| x.same_incarnation(o)) {
+            owners.push(o.clone());
+        }
+    };
+    for r in records.iter().filter(|r| r.ended.is_none()) {
+        add(&r.owner);
+    }
+    let hosts: Vec<&str> = records.iter().map(|r| who_host(&r.who)).collect();
+    for hb in heartbeats(sim, c.node).await {
+        if !hb.host.is_empty() && hosts.contains(&hb.host.as_str()) {
+            add(&hb.owner);
         }
     }
     loop {

@@ -8,12 +8,13 @@
 
 use std::time::Instant;
 
-use tfinit::locks::book::{Book, Event, Start};
+use tfinit::locks::book::{Book, Event, Launch, Start};
 use tfinit::locks::liveness::{last_alive_ms, Facts};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Owner, Record, FORMAT};
 use tfinit::locks::recorder::{Request, WriteError};
-use tfinit::locks::recover::{who_host, CLOCK_SKEW};
+use tfinit::locks::recover::CLOCK_SKEW;
+use tfinit::locks::who::who_host;
 
 use super::legacy;
 use super::world::{
@@ -325,7 +326,7 @@ impl World {
     /// launch.rs: launch (refused while the fence is up), then terraform starts.
     fn launch(&mut self, inc: usize, k: u64, mut run: Run) {
         let refused = match &self.incs[inc].book {
-            BookSide::New(b) => !b.may_launch(run.id),
+            BookSide::New(b) => b.may_launch(run.id) != Launch::Yes,
             BookSide::Old(_) => false,
         };
         if refused || self.incs[inc].stopping {
@@ -638,6 +639,9 @@ impl World {
             started_ms: self.wall(node),
             pid: 1,
             pod_uid: Some(self.pods[pod].uid.clone()),
+            // The real init draws 32 random bits; the index of the incarnation stands for bits
+            // that never collide. The old rules had none.
+            nonce: (self.cfg.rules == Rules::New).then_some(self.incs.len() as u32),
         };
         let now = self.mono(node);
         let ttl = self.cfg.ttl_d();
@@ -683,6 +687,7 @@ impl World {
             seq: 0,
             last_heartbeat: None,
             written: Default::default(),
+            unclosed: Vec::new(),
             next_beat: u64::MAX,
             holds_lock: false,
             beat_landed: None,

@@ -412,6 +412,7 @@ impl Book {
                         let entry = Entry {
                             path: path.clone(),
                             workdir,
+                            who: String::new(),
                             facts: Facts {
                                 owner: self.me.clone(),
                                 updated_ms: ended.ms,

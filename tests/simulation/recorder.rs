@@ -22,52 +22,7 @@ use super::world::{
 /// The recorder of incarnation `inc`, from the store's opening on.
 pub async fn run(sim: Rc<Sim>, inc: usize) {
     let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.cfg.ttl_d()));
-    // The lock file first: the first heartbeat says whether it is held. Another live
-    // incarnation with the same key (same name, boot, start millisecond and pid) may hold it.
-    sim.with(|w| {
-        if rules == Rules::New {
-            let key = w.incs[inc].key.clone();
-            let taken = w
-                .store
-                .lock_files
-                .get(&key)
-                .is_some_and(|h| w.flock_held(*h, w.now));
-            if !taken {
-                w.store.lock_files.insert(key, inc);
-            }
-            w.incs[inc].holds_lock = !taken;
-        }
-    });
-    let (stamped, result) = beat(&sim, inc).await;
-    let ok = result.is_ok();
-    let comp = if rules == Rules::New {
-        let table = if ok {
-            Some(scan(&sim, inc).await)
-        } else {
-            None
-        };
-        Comp::New(Completion::Opened {
-            result,
-            table,
-            passwd_user: None,
-            beat: ok.then_some(stamped),
-            lock: None,
-        })
-    } else {
-        let table = if ok {
-            Some(scan_legacy(&sim, inc).await)
-        } else {
-            None
-        };
-        Comp::Old(legacy::Completion::Opened { result, table })
-    };
-    sim.with(|w| {
-        let due = next_due(w, node, ttl);
-        let i = &mut w.incs[inc];
-        i.open = ok;
-        i.next_beat = due;
-        w.send(inc, comp, true);
-    });
+    open(&sim, inc, true).await;
     loop {
         let job = sim.with(|w| {
             let now = w.now;
@@ -80,6 +35,12 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
             }
             w.incs[inc].rq.next()
         });
+        // A store that failed at open is tried again on the heartbeat's clock (today's rules).
+        let retry = sim
+            .with(|w| rules == Rules::New && !w.incs[inc].open && w.now >= w.incs[inc].next_beat);
+        if retry {
+            open(&sim, inc, false).await;
+        }
         match job {
             Some(Next::Heartbeat) => {
                 let late = sim.with(|w| {
@@ -89,6 +50,9 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
                         .map_or(true, |t| now.saturating_duration_since(t) > ttl / 2)
                 });
                 if heartbeat_now(&sim, inc, late).await {
+                    if rules == Rules::New {
+                        close_again(&sim, inc).await;
+                    }
                     sim.with(|w| w.incs[inc].rq.rescan = true);
                 }
             }
@@ -105,12 +69,144 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
             Some(Next::Write(job)) => write(&sim, inc, job).await,
             None => {
                 let (open, due) = sim.with(|w| (w.incs[inc].open, w.incs[inc].next_beat));
-                let until = if open { due } else { Ms::MAX };
+                let until = if open || rules == Rules::New {
+                    due
+                } else {
+                    Ms::MAX
+                };
                 sim.with(|w| w.incs[inc].rec_idle = true);
                 WaitFor::new(&sim, until, move |w: &World| !w.incs[inc].rq.is_empty()).await;
                 sim.with(|w| w.incs[inc].rec_idle = false);
             }
         }
+    }
+}
+
+/// Opens the store (`first`: at start; else a retry of a store that failed): the lock file,
+/// the first heartbeat, the scan; or, when it fails, the records as they can still be listed.
+async fn open(sim: &Rc<Sim>, inc: usize, first: bool) {
+    let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.cfg.ttl_d()));
+    // The lock file first: the first heartbeat says whether it is held. Another live
+    // incarnation with the same key (same name, boot, start millisecond and pid) may hold it.
+    sim.with(|w| {
+        if rules == Rules::New {
+            let key = w.incs[inc].key.clone();
+            let taken = w
+                .store
+                .lock_files
+                .get(&key)
+                .is_some_and(|h| w.flock_held(*h, w.now));
+            if !taken {
+                w.store.lock_files.insert(key, inc);
+            }
+            w.incs[inc].holds_lock = !taken;
+        }
+    });
+    let (stamped, result) = beat(sim, inc).await;
+    let ok = result.is_ok();
+    let comp = if rules == Rules::New {
+        let table = if ok {
+            scan(sim, inc).await
+        } else {
+            listed(sim, inc).await
+        };
+        let table = Some(table);
+        Comp::New(Completion::Opened {
+            result,
+            table,
+            passwd_user: None,
+            beat: ok.then_some(stamped),
+            lock: None,
+        })
+    } else {
+        let table = if ok {
+            Some(scan_legacy(sim, inc).await)
+        } else {
+            None
+        };
+        Comp::Old(legacy::Completion::Opened { result, table })
+    };
+    sim.with(|w| {
+        let due = next_due(w, node, ttl);
+        let i = &mut w.incs[inc];
+        i.open = ok;
+        i.next_beat = due;
+        // Another failure wakes nobody (the real recorder sends it quietly).
+        w.send(inc, comp, first || ok);
+    });
+}
+
+/// The records alone, as a store that cannot be written still lists them (recorder.rs:
+/// `listed`).
+async fn listed(sim: &Sim, inc: usize) -> Table {
+    let node = sim.with(|w| w.incs[inc].node);
+    let scanned = sim.with(|w| w.mono(node));
+    let records = list(sim, node)
+        .await
+        .iter()
+        .map(|(id, rec)| Entry {
+            path: record_path(*id),
+            workdir: PathBuf::from(&rec.workdir),
+            who: rec.who.clone(),
+            facts: Facts::of(rec),
+        })
+        .collect();
+    Table {
+        scanned,
+        records,
+        beats: Vec::new(),
+        gone: Vec::new(),
+        held: Vec::new(),
+    }
+}
+
+/// Tries again each closing of a finished run's record that failed (the real recorder's
+/// `close_again`), in the order they failed; reports those that land.
+async fn close_again(sim: &Sim, inc: usize) {
+    let (node, unclosed) =
+        sim.with(|w| (w.incs[inc].node, std::mem::take(&mut w.incs[inc].unclosed)));
+    for (run, id, ended) in unclosed {
+        let retry = ended.clone();
+        let result = match ended {
+            None => {
+                sim.write(node, move |w| {
+                    w.store.records.remove(&id);
+                })
+                .await
+            }
+            Some(rec) => {
+                let rec = Rc::new(rec);
+                sim.write(node, move |w| {
+                    let landed = w.now;
+                    w.store.records.insert(
+                        id,
+                        Stored {
+                            inc,
+                            rec,
+                            landed_stale: false,
+                            landed,
+                        },
+                    );
+                })
+                .await
+            }
+        };
+        sim.with(|w| match result {
+            Ok(()) => {
+                let c = match retry {
+                    None => Completion::Removed {
+                        run,
+                        result: Ok(()),
+                    },
+                    Some(_) => Completion::Ended {
+                        run,
+                        result: Ok(()),
+                    },
+                };
+                w.send(inc, Comp::New(c), true);
+            }
+            Err(_) => w.incs[inc].unclosed.push((run, id, retry)),
+        });
     }
 }
 
@@ -202,6 +298,7 @@ async fn scan(sim: &Sim, inc: usize) -> Table {
         records.push(Entry {
             path: record_path(*id),
             workdir: PathBuf::from(&rec.workdir),
+            who: rec.who.clone(),
             facts: Facts::of(rec),
         });
     }
@@ -292,6 +389,7 @@ async fn scan_legacy(sim: &Sim, inc: usize) -> legacy::Table {
         records.push(Entry {
             path: record_path(*id),
             workdir: PathBuf::from(&rec.workdir),
+            who: rec.who.clone(),
             facts: Facts::of(rec),
         });
     }
@@ -401,6 +499,7 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
             };
             rec.ended = Some(ended);
             rec.updated_ms = sim.with(|w| w.wall(node));
+            let retry = new.then(|| rec.clone());
             let rec = Rc::new(rec);
             let result = sim
                 .write(node, move |w| {
@@ -417,15 +516,25 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
                 })
                 .await;
             let result = result.map_err(WriteError::Volume);
-            sim.with(|w| w.send(inc, ended_comp(new, run, result), true));
+            sim.with(|w| {
+                if let (Err(_), Some(rec)) = (&result, retry) {
+                    w.incs[inc].unclosed.push((run, id, Some(rec)));
+                }
+                w.send(inc, ended_comp(new, run, result), true)
+            });
         }
         Job::Remove { run } => {
             let result = match sim.with(|w| w.incs[inc].written.remove(&run)) {
                 Some((id, _)) => {
-                    sim.write(node, move |w| {
-                        w.store.records.remove(&id);
-                    })
-                    .await
+                    let r = sim
+                        .write(node, move |w| {
+                            w.store.records.remove(&id);
+                        })
+                        .await;
+                    if r.is_err() && new {
+                        sim.with(|w| w.incs[inc].unclosed.push((run, id, None)));
+                    }
+                    r
                 }
                 None => Ok(()),
             };

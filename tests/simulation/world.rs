@@ -524,6 +524,9 @@ pub struct Inc {
     pub last_heartbeat: Option<Instant>,
     /// Recorder: records it wrote, by run: (id, content).
     pub written: HashMap<RunId, (u64, Record)>,
+    /// Recorder: closings of finished runs that failed, tried again after every heartbeat that
+    /// lands: (run, record id, the ended content, or None for a removal).
+    pub unclosed: Vec<(RunId, u64, Option<Record>)>,
     /// Recorder: next heartbeat due (simulated time).
     pub next_beat: Ms,
     /// The incarnation lock file is held (said in its heartbeats).

@@ -223,9 +223,8 @@ impl Runs {
 
     /// The last step: terraform is started (by the loop), unless the fence refuses the run.
     fn launch(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
-        if records.fenced(id) {
-            // Its record is on the volume but the heartbeat is not: it would be stopped at once.
-            return self.refuse(id, Refusal::Fenced, records, acts);
+        if let Some(why) = records.refusal(id) {
+            return self.refuse(id, why, records, acts);
         }
         self.move_to(id, |pending| Life::Launching { pending });
         acts.push(Action::Spawn(id));
@@ -321,7 +320,7 @@ impl Runs {
             return;
         };
         match why {
-            Refusal::Fenced => {
+            Refusal::Fenced | Refusal::Shadowed | Refusal::Unseen => {
                 tracing::warn!(run = %id, "terraform run refused before it started: {}", why.as_str())
             }
             Refusal::Draining | Refusal::ShuttingDown => {

@@ -87,10 +87,12 @@ fn dead_record(workdir: &str) -> Entry {
         started_ms: 1,
         pid: 1,
         pod_uid: None,
+        nonce: None,
     };
     Entry {
         path: PathBuf::from(format!("/state/records/{workdir}.json")),
         workdir: PathBuf::from(workdir),
+        who: "@pod-old".into(),
         facts: Facts {
             owner,
             updated_ms: 2,

@@ -85,6 +85,8 @@ pub(super) enum Action {
     KillHelper(Pid),
     /// Storage work for the recorder thread.
     Record(Request),
+    /// `tfinit cancel` acted on a run: the metrics count it.
+    CountCancel(crate::metrics::Cancel),
     /// A run of `subcommand` is over (`outcome`, after `took`): the metrics count it.
     Tally {
         /// terraform's subcommand.
@@ -96,8 +98,8 @@ pub(super) enum Action {
     },
 }
 
-/// Why a run is refused before terraform starts. The shim exits 75 ("try again later") with the
-/// one message [`Refusal::answer`] builds.
+/// Why a run is refused (or ended) before terraform starts. The shim exits 75 ("try again
+/// later") with the one message [`Refusal::answer`] builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refusal {
     /// `tfinit drain`.
@@ -106,22 +108,25 @@ pub(super) enum Refusal {
     ShuttingDown,
     /// This owner's heartbeat does not land, so its state-locking runs are being stopped.
     Fenced,
+    /// `tfinit cancel` ended it while it was queued or waiting for its lock check or record.
+    Cancelled,
 }
 
 impl Refusal {
-    /// What the init is, as the refusal says it.
+    /// Why, as the refusal says it (after "tfinit: ").
     pub(super) fn as_str(self) -> &'static str {
         match self {
-            Refusal::Draining => "draining (tfinit drain; `tfinit resume` accepts runs again)",
-            Refusal::ShuttingDown => "shutting down (the container is stopping)",
-            Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
+            Refusal::Draining => "the init is draining (tfinit drain; `tfinit resume` accepts runs again)",
+            Refusal::ShuttingDown => "the init is shutting down (the container is stopping)",
+            Refusal::Fenced => "the init is unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
+            Refusal::Cancelled => "the run was cancelled (tfinit cancel) before terraform started",
         }
     }
 
     /// The answer to `conn` (of run `run`, once it has one): exit code 75, and why.
     pub(super) fn answer(self, conn: ConnId, run: Option<RunId>) -> Action {
         let msg = format!(
-            "tfinit: the init is {}: terraform was not started; the controller should retry later (exit code {})",
+            "tfinit: {}: terraform was not started; the controller should retry later (exit code {})",
             self.as_str(),
             protocol::EXIT_REFUSED
         );

@@ -461,7 +461,7 @@ impl Runs {
         if records.opening() {
             return;
         }
-        let ready: Vec<(RunId, Instant)> = self
+        let mut ready: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -474,6 +474,8 @@ impl Runs {
                 _ => None,
             })
             .collect();
+        // In arrival order: their records are then written, and terraform started, in that order.
+        ready.sort();
         for (id, deadline) in ready {
             // An earlier one may have started a recovery in the same directory: checked again.
             self.check_lock(id, deadline, records, now, acts);
@@ -490,7 +492,7 @@ impl Runs {
         now: Instant,
         acts: &mut Vec<Action>,
     ) {
-        let expired: Vec<(RunId, Instant)> = self
+        let mut expired: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -502,6 +504,7 @@ impl Runs {
                 _ => None,
             })
             .collect();
+        expired.sort();
         for (id, deadline) in expired {
             if let Some(run) = self.table.get(&id) {
                 tracing::warn!(

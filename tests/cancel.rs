@@ -353,3 +353,78 @@ fn a_cancel_of_an_unknown_run_or_directory_says_so_and_sends_nothing() {
     init.signal(Signal::SIGTERM);
     assert_eq!(init.wait(Duration::from_secs(30)), 0, "{}", init.log_tail());
 }
+
+/// Only the init's own uid (or root) may cancel: the control socket's peer check refuses a client
+/// of another uid even when it can reach the socket, and the run goes on untouched; the init's
+/// own user cancels it.
+#[test]
+fn a_cancel_from_another_uid_is_refused_by_the_peer_check() {
+    if !slow::have_root()
+        || !common::require_root("a client of uid 4321 (setpriv)")
+        || !common::require(
+            std::path::Path::new("/usr/bin/setpriv").exists(),
+            "setpriv (util-linux)",
+        )
+    {
+        return;
+    }
+    let tmp = common::TempDir::new("cancel-uid");
+    let tf_log = tmp.join("fake-terraform.log");
+    let mut init = SlowInit::start(
+        &tmp,
+        Spec {
+            cwd: &tmp.0,
+            terraform_dir: common::fake_terraform_dir(&tmp),
+            shape: Shape::SingleProcess,
+            budget: BUDGET,
+            env: vec![
+                ("FAKE_TF_ON_TERM", "graceful".into()),
+                ("FAKE_TF_SLEEP_MS", "120000".into()),
+                ("FAKE_TF_LOG", tf_log.display().to_string()),
+            ],
+            main: slow::controller(
+                7,
+                &tmp.join("controller.log"),
+                &["apply".into(), "-auto-approve".into()],
+            ),
+        },
+    );
+    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
+        common::read(&tf_log).contains("args apply").then_some(())
+    });
+    // Let uid 4321 reach the socket (the init makes it 0700/0600): only the init's check is left.
+    use std::os::unix::fs::PermissionsExt;
+    let run_dir = tmp.join("run");
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        tfinit::config::socket_path(&run_dir),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new("/usr/bin/setpriv");
+    common::scrub(&mut cmd)
+        .args(["--reuid", "4321", "--regid", "4321", "--clear-groups", "--"])
+        .arg(common::tfinit())
+        .args(["cancel", "r1"])
+        .env("TFINIT_RUN_DIR", &run_dir);
+    let out = common::run_output(&mut cmd, Duration::from_secs(20));
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("refused") && err.contains("uid 4321"), "{err}");
+    assert!(!err.contains("tfinit: tfinit:"), "one prefix: {err}");
+    let ev = init.events();
+    assert!(ev.all("SIGTERM to terraform").is_empty(), "{}", ev.dump());
+    let status = init.status();
+    assert_eq!(status["runs"][0]["state"], "running", "{status}");
+    assert_eq!(status["runs"][0]["stop_requested"], false, "{status}");
+
+    let out = init.client(&["cancel", "r1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    init.wait_event(Duration::from_secs(20), "terraform exited");
+    assert_eq!(init.events().all("SIGTERM to terraform").len(), 1);
+    // The controller stand-in ends with its terraform; the init then exits by itself.
+    if !init.exited() {
+        init.signal(Signal::SIGTERM);
+    }
+    init.wait(Duration::from_secs(30));
+}

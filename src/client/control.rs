@@ -30,18 +30,29 @@ fn ask(request: Request) -> Result<Reply, String> {
         request,
     })
     .map_err(|e| e.to_string())?;
-    write_frame(&mut sock, Kind::Request, &body)
-        .map_err(|e| format!("sending the request failed: {e}"))?;
+    // A write that fails may have met the init's refusal (a client of another uid is answered
+    // and closed at once): that answer, when there is one, says more than the broken pipe.
+    let sent = write_frame(&mut sock, Kind::Request, &body);
     let mut payload = Vec::new();
-    match read_frame(&mut sock, &mut payload) {
+    let answer = read_frame(&mut sock, &mut payload);
+    if let Err(e) = &sent {
+        if !matches!(answer, Ok(Some(Kind::Exit))) {
+            return Err(format!("sending the request failed: {e}"));
+        }
+    }
+    match answer {
         Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload)
             .map_err(|e| format!("malformed reply from the init: {e}")),
         Ok(Some(Kind::Exit)) => {
             let note: protocol::ExitNote =
                 serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
-            Err(note
+            // The note's text is the shim's, "tfinit: "-prefixed; callers add their own.
+            let error = note
                 .error
-                .unwrap_or_else(|| "the init refused the request".into()))
+                .unwrap_or_else(|| "the init refused the request".into());
+            Err(error
+                .strip_prefix("tfinit: ")
+                .map_or(error.clone(), str::to_string))
         }
         Ok(other) => Err(format!("unexpected answer from the init: {other:?}")),
         Err(e) => Err(format!("reading the reply failed: {e}")),

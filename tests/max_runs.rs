@@ -1,9 +1,9 @@
 //! TFINIT_MAX_RUNS end to end, with the real terraform 1.0.3 in both shapes (panicwrap and
 //! TF_FORK=0) against tfinit as PID 1 of a PID namespace: runs over the cap wait in the state
 //! `queued` (status, metrics, one info line each), start in arrival order as terraform processes
-//! are reaped, never more than the cap at once; read-only commands never wait; a queued run is
-//! refused with 75 on `tfinit drain` and never starts. (A cap of 0 is refused at start:
-//! tests/config_errors.rs.)
+//! are reaped, never more than the cap at once; read-only commands never wait; a queued run ends
+//! without terraform ever starting when its shim leaves, when `tfinit cancel` names it (75), and
+//! on `tfinit drain` (75). (A cap of 0 is refused at start: tests/config_errors.rs.)
 
 #[macro_use]
 mod common;
@@ -226,9 +226,11 @@ fn eight_applies_under_a_cap_of_two_never_exceed_two_and_start_in_arrival_order(
 }
 both_shapes!(eight_applies_under_a_cap_of_two_never_exceed_two_and_start_in_arrival_order);
 
-/// Under TFINIT_MAX_RUNS=1 with one apply in flight, a second apply is `queued`; `tfinit drain`
-/// refuses it with exit 75 and terraform never starts for it, while the first goes on.
-fn a_queued_run_is_refused_with_75_on_drain_and_never_starts(shape: Shape) {
+/// Under TFINIT_MAX_RUNS=1 with one apply in flight, later applies are `queued` and end without
+/// terraform ever starting for them: one whose shim is killed is dropped, one `tfinit cancel`
+/// names exits 75 saying it was cancelled, and `tfinit drain` refuses the last with 75; the
+/// first goes on throughout.
+fn queued_runs_end_without_starting_on_drain_on_cancel_and_when_their_shim_leaves(shape: Shape) {
     if !slow::have_terraform() {
         return;
     }
@@ -247,6 +249,40 @@ fn a_queued_run_is_refused_with_75_on_drain_and_never_starts(shape: Shape) {
             .then_some(())
     });
 
+    // A queued run whose shim is killed (a reconcile timeout) is dropped.
+    let mut leaving = spawn_shim(&init, &second.dir, &slow::apply(0));
+    common::wait_for(Duration::from_secs(20), "r3 queued", || {
+        runs(&init)
+            .contains(&("r3".to_string(), "queued".to_string()))
+            .then_some(())
+    });
+    leaving.kill().expect("kill the shim");
+    let _ = leaving.wait();
+    common::wait_for(Duration::from_secs(20), "r3 dropped", || {
+        (!runs(&init).iter().any(|(id, _)| id == "r3")).then_some(())
+    });
+    // A queued run cancelled: its shim exits 75 and says so.
+    let cancelled = spawn_shim(&init, &second.dir, &slow::apply(0));
+    common::wait_for(Duration::from_secs(20), "r4 queued", || {
+        runs(&init)
+            .contains(&("r4".to_string(), "queued".to_string()))
+            .then_some(())
+    });
+    let out = init.client(&["cancel", "r4"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("r4: ended before terraform started (it was queued)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = cancelled.wait_with_output().expect("cancelled shim");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_REFUSED), "{err}");
+    assert!(
+        err.contains("the run was cancelled (tfinit cancel) before terraform started"),
+        "{err}"
+    );
+
     let drained = init.client(&["drain"]);
     assert!(drained.status.success(), "{}", text(&drained.stderr));
     let mut queued = queued;
@@ -262,9 +298,17 @@ fn a_queued_run_is_refused_with_75_on_drain_and_never_starts(shape: Shape) {
     assert_eq!(second.state(), Vec::<String>::new());
     let ev = init.events();
     assert_eq!(ev.all("terraform started").len(), 1, "{}", ev.dump());
-    let refused = ev.one("terraform run refused before it started");
-    assert_eq!(refused.str("run"), Some("r2"));
-    assert_eq!(refused.str("state"), Some("queued"));
+    let refused = ev.all("terraform run refused before it started");
+    let refused: Vec<(&str, &str)> = refused
+        .iter()
+        .map(|e| (e.str("run").unwrap_or(""), e.str("state").unwrap_or("")))
+        .collect();
+    assert_eq!(
+        refused,
+        [("r4", "queued"), ("r2", "queued")],
+        "{}",
+        ev.dump()
+    );
     assert_eq!(
         runs(&init),
         [("r1".to_string(), "running".to_string())],
@@ -282,4 +326,4 @@ fn a_queued_run_is_refused_with_75_on_drain_and_never_starts(shape: Shape) {
         "the first apply released its lock"
     );
 }
-both_shapes!(a_queued_run_is_refused_with_75_on_drain_and_never_starts);
+both_shapes!(queued_runs_end_without_starting_on_drain_on_cancel_and_when_their_shim_leaves);

@@ -650,7 +650,7 @@ impl Init {
         let now = Instant::now();
         let (acts, done) = self.runs.cancel(target, force, &mut self.records, now)?;
         self.apply(acts);
-        Ok(done.lines)
+        Ok(done)
     }
 
     // ----- the output relay: terraform's pipes to the shim (or the log) -----

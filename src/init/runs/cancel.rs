@@ -27,16 +27,10 @@ pub(in crate::init) enum CancelTarget {
     Workdir(PathBuf),
 }
 
-/// What a cancel did: the runs it acted on, one line each, for the client to print.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(in crate::init) struct Cancelled {
-    /// `r7: ...`, in run order.
-    pub(in crate::init) lines: Vec<String>,
-}
-
 impl Runs {
     /// Cancels the runs `target` names, gracefully or by force: the actions, and what was done
-    /// to each; an error (naming the run or the directory, and what to do) when none matches.
+    /// to each, one line per run in run order (`r7: SIGTERM sent...`), for the client to print;
+    /// an error (naming the run or the directory, and what to do) when none matches.
     /// The caller refuses cancels while stopping: the timeline stops every run itself then.
     pub(in crate::init) fn cancel(
         &mut self,
@@ -44,14 +38,14 @@ impl Runs {
         force: Force,
         records: &mut Records,
         now: Instant,
-    ) -> Result<(Vec<Action>, Cancelled), String> {
+    ) -> Result<(Vec<Action>, Vec<String>), String> {
         let ids = self.named_by(target)?;
         let mut acts = Vec::new();
-        let mut done = Cancelled::default();
+        let mut done = Vec::new();
         for id in ids {
             let line = self.cancel_one(id, force, records, now, &mut acts);
             tracing::info!(run = %id, force = force == Force::Kill, "tfinit cancel: {line}");
-            done.lines.push(format!("{id}: {line}"));
+            done.push(format!("{id}: {line}"));
         }
         // A run ended before terraform started gave its place back.
         self.admit(records, now, &mut acts);

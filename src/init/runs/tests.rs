@@ -648,7 +648,7 @@ fn a_graceful_cancel_sends_the_one_sigterm_then_sigkill_after_the_stop_timeout()
     let (acts, done) = runs.cancel(&cancel, Force::Graceful, &mut rec, t).unwrap();
     assert_eq!(names(&acts), ["term r1 100", "count cancel graceful"]);
     assert!(
-        done.lines[0].starts_with("r1: SIGTERM sent to terraform"),
+        done[0].starts_with("r1: SIGTERM sent to terraform"),
         "{done:?}"
     );
     assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
@@ -658,7 +658,7 @@ fn a_graceful_cancel_sends_the_one_sigterm_then_sigkill_after_the_stop_timeout()
         .cancel(&cancel, Force::Graceful, &mut rec, t + STOP_TIMEOUT / 2)
         .unwrap();
     assert!(acts.is_empty(), "never a second SIGTERM: {acts:?}");
-    assert!(done.lines[0].contains("asked to stop already"), "{done:?}");
+    assert!(done[0].contains("asked to stop already"), "{done:?}");
     assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
     assert!(runs.shim_signal(r(1), libc::SIGTERM, false).is_empty());
     let due = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT);
@@ -706,7 +706,7 @@ fn a_forced_cancel_kills_the_group_at_once_and_the_killed_locking_run_keeps_its_
         .cancel(&CancelTarget::Run(r(1)), Force::Kill, &mut rec, t)
         .unwrap();
     assert_eq!(names(&acts), ["kill r1 100", "count cancel force"]);
-    assert!(done.lines[0].contains("SIGKILL"), "{done:?}");
+    assert!(done[0].contains("SIGKILL"), "{done:?}");
     let (acts, _) = runs
         .cancel(&CancelTarget::Run(r(1)), Force::Kill, &mut rec, t)
         .unwrap();
@@ -740,7 +740,7 @@ fn a_cancelled_run_that_has_not_started_ends_with_75_and_gives_its_place_back() 
             "count cancel graceful"
         ]
     );
-    assert!(done.lines[0].contains("(it was queued)"), "{done:?}");
+    assert!(done[0].contains("(it was queued)"), "{done:?}");
     let Action::Answer { note, .. } = &acts[0] else {
         unreachable!()
     };

@@ -1,5 +1,6 @@
 //! What tfinit knows about a terraform command line: its subcommand, whether it takes the state
-//! lock, where it runs (`-chdir`), how to show it without secrets, and where the real binary is.
+//! lock, whether it only reads (TFINIT_MAX_RUNS never queues it), where it runs (`-chdir`), how to
+//! show it without secrets, and where the real binary is.
 
 use crate::protocol::env_value;
 use std::ffi::OsStr;
@@ -1021,6 +1022,19 @@ mod tests {
                 &["typo", "-lock=true"],
             ],
         );
+    }
+
+    #[test]
+    fn directories_are_compared_with_dot_and_dot_dot_resolved_as_text() {
+        for (given, normal) in [
+            ("/tf/x/../y/.", "/tf/y"),
+            ("/tf//x/", "/tf/x"),
+            ("/..", "/"),
+            ("/tf/x/sub/..", "/tf/x"),
+            ("rel/../..", ".."),
+        ] {
+            assert_eq!(normal_dir(Path::new(given)), Path::new(normal), "{given}");
+        }
     }
 
     #[test]

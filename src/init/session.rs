@@ -362,6 +362,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_names_a_run_id_or_an_absolute_directory() {
+        let cancel = |run: Option<&str>, workdir: Option<&str>, force: bool| {
+            let mut s = Session::default();
+            s.received(
+                &envelope(Request::Cancel(CancelRequest {
+                    run: run.map(String::from),
+                    workdir: workdir.map(String::from),
+                    force,
+                })),
+                vec![],
+            );
+            s.next_input()
+        };
+        assert!(matches!(
+            cancel(Some("r7"), None, true),
+            Some(Input::Control(Control::Cancel { target: CancelTarget::Run(r), force: Force::Kill }))
+                if r == RunId::from(7)
+        ));
+        assert!(matches!(
+            cancel(None, Some("/tf/x/../y/"), false),
+            Some(Input::Control(Control::Cancel { target: CancelTarget::Workdir(d), force: Force::Graceful }))
+                if d == Path::new("/tf/y")
+        ));
+        for (run, dir, problem) in [
+            (Some("7"), None, "is not a run id"),
+            (Some("r"), None, "is not a run id"),
+            (Some("r99999999999999999999"), None, "is not a run id"),
+            (None, Some("tf/x"), "not an absolute path"),
+            (Some("r1"), Some("/tf"), "either a run or a workdir"),
+            (None, None, "either a run or a workdir"),
+        ] {
+            match cancel(run, dir, false) {
+                Some(Input::Broken(p)) => assert!(p.contains(problem), "{p}"),
+                other => panic!("{run:?} {dir:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn controls_are_answered_and_the_answer_closes() {
         let mut s = Session::default();
         s.received(&envelope(Request::Drain), vec![]);

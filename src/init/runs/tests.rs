@@ -808,3 +808,34 @@ fn a_cancel_names_a_run_that_exists_or_a_directory_where_runs_work() {
         "{e}"
     );
 }
+
+#[test]
+fn a_cancelled_run_whose_lock_recovery_runs_answers_75_at_once_and_ends_with_its_helper() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![dead_record("/tf/x")]);
+    let mut runs = capped(1);
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let Some(Action::Recover { args, .. }) = acts.into_iter().nth(1) else {
+        panic!("a recovery");
+    };
+    runs.recovery_started(r(1), &args, Ok(Pid::from_raw(50)), &mut rec, t);
+    assert_eq!(
+        names(&ask(&mut runs, 2, NO_LOCK, &mut rec, t)),
+        ["attach 2 r2"]
+    );
+
+    let (acts, done) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Graceful, &mut rec, t)
+        .unwrap();
+    assert_eq!(names(&acts), ["answer 1 75 r1", "count cancel graceful"]);
+    assert!(done[0].contains("a lock recovery runs first"), "{done:?}");
+    assert_eq!(
+        runs.next_wakeup(),
+        Some(t + STOP_TIMEOUT),
+        "the helper is SIGKILLed if it has not finished by then"
+    );
+    // The helper finishes: the run ends without terraform, and its place goes to r2.
+    let acts = runs.recovery_exited(r(1), Exit::Code(0), None, &mut rec, t);
+    assert_eq!(names(&acts), ["record rescan", "spawn r2"]);
+    assert_eq!(state(&runs), [("r2".into(), "running".into())]);
+}

@@ -108,6 +108,11 @@ pub struct InitArgs {
     /// Serve Prometheus metrics at `GET /metrics` on this address, e.g. `:9102`. Default: off.
     #[arg(long, env = "TFINIT_METRICS_ADDR", value_name = "[HOST]:PORT", value_parser = text())]
     pub metrics_addr: Option<String>,
+
+    /// At most this many terraform runs at once (read-only commands excepted); more wait in the
+    /// state `queued`, in arrival order. Default: no limit.
+    #[arg(long, env = "TFINIT_MAX_RUNS", value_name = "N", value_parser = text())]
+    pub max_runs: Option<String>,
 }
 
 /// Client subcommands.
@@ -140,6 +145,23 @@ pub enum Command {
     },
     /// Leave draining: accept terraform runs again.
     Resume,
+    /// Stop one terraform run (ids as `tfinit status` shows them, e.g. r7), or every run in a
+    /// directory: its one graceful SIGTERM, SIGKILL to its group TFINIT_STOP_TIMEOUT later.
+    Cancel {
+        /// The run's id (`r7`), as `tfinit status` shows it.
+        #[arg(
+            value_name = "RUN_ID",
+            required_unless_present = "workdir",
+            conflicts_with = "workdir"
+        )]
+        run: Option<String>,
+        /// Every run whose working directory (its cwd, or cwd + -chdir) is DIR.
+        #[arg(long, value_name = "DIR", value_parser = path())]
+        workdir: Option<PathBuf>,
+        /// SIGKILL the run's process group at once instead (terraform cannot release its lock).
+        #[arg(long)]
+        force: bool,
+    },
     /// Release stale state locks of dead owners now, for every record in the state directory.
     Recover {
         /// Print what would be done, change nothing.

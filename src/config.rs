@@ -1,6 +1,7 @@
 //! Validated settings. A bad value stops tfinit before anything starts, with exit code 2 and one
 //! message naming the variable (or flag), the value, and an example of a good one.
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -76,6 +77,8 @@ pub struct InitConfig {
     pub force_unlock: bool,
     /// TFINIT_METRICS_ADDR: where `GET /metrics` is served; None: no metrics server.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// TFINIT_MAX_RUNS: how many terraform runs may be past the queue at once; None: no limit.
+    pub max_runs: Option<NonZeroUsize>,
     /// The pod's UID when the downward API provides it (TFINIT_POD_UID or POD_UID).
     pub pod_uid: Option<String>,
 }
@@ -353,6 +356,7 @@ impl InitConfig {
             ":9102",
             crate::metrics_server::parse_addr,
         )?;
+        let max_runs = n.parse("max_runs", given(&args.max_runs), "4", parse_max_runs)?;
         Ok(InitConfig {
             forward,
             rewrite,
@@ -368,6 +372,7 @@ impl InitConfig {
             record_timeout,
             force_unlock,
             metrics_addr,
+            max_runs,
             pod_uid: pod_uid(),
         })
     }
@@ -486,6 +491,18 @@ fn record_timers(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration), Con
         ttl.unwrap_or(DEFAULT_OWNER_TTL),
         record_timeout.unwrap_or(DEFAULT_RECORD_TIMEOUT),
     ))
+}
+
+/// TFINIT_MAX_RUNS: a whole number of runs, at least 1 (unset means no limit, so 0 would only be
+/// a mistake: every run would wait forever).
+fn parse_max_runs(v: &str) -> Result<NonZeroUsize, String> {
+    let n: usize = v.trim().parse().map_err(|_| {
+        "must be a whole number of runs, at least 1 (leave it unset for no limit)".to_string()
+    })?;
+    NonZeroUsize::new(n).ok_or_else(|| {
+        "must be at least 1: with 0 no terraform run could ever start (leave it unset for no limit)"
+            .to_string()
+    })
 }
 
 /// The pod's UID from the downward API: TFINIT_POD_UID, else POD_UID.

@@ -58,6 +58,14 @@ fn main() {
             logging::init_client();
             client::control::resume()
         }
+        Some(Command::Cancel {
+            run,
+            workdir,
+            force,
+        }) => {
+            logging::init_client();
+            client::control::cancel(run.as_deref(), workdir.as_deref(), force)
+        }
         Some(Command::Recover { dry_run, terraform }) => {
             logging::init_client_at(tracing::Level::INFO);
             client::control::recover_all(dry_run, terraform.as_deref())

@@ -368,9 +368,9 @@ impl prometheus_client::collector::Collector for HeartbeatAge {
 }
 
 impl Metrics {
-    /// Every metric at zero, every label set created, for tfinit `version`. The recovery and cancel
-    /// families are kept but not registered (not served) until the init feeds them: a series that
-    /// never moves would mislead an alert.
+    /// Every metric at zero, every label set created, for tfinit `version`. The recovery families
+    /// are kept but not registered (not served) until the init feeds them: a series that never
+    /// moves would mislead an alert.
     pub fn new(version: &'static str) -> Metrics {
         let mut registry = Registry::with_prefix("tfinit");
         let runs_total = Family::<RunLabels, Counter>::default();
@@ -441,6 +441,11 @@ impl Metrics {
             "shutdown_phase",
             "Phase of the init (1 for the current phase)",
             shutdown_phase.clone(),
+        );
+        registry.register(
+            "cancels",
+            "Runs `tfinit cancel` acted on, by how (graceful: the one SIGTERM; force: SIGKILL)",
+            cancels.clone(),
         );
         registry.register(
             "build",
@@ -656,7 +661,11 @@ mod tests {
         );
         // Not served until the init feeds them.
         assert!(!t.contains("tfinit_force_unlocks_total"), "{t}");
-        assert!(!t.contains("tfinit_cancels_total"), "{t}");
+        assert_eq!(
+            value(&t, "tfinit_cancels_total{how=\"graceful\"}"),
+            Some(1.0)
+        );
+        assert_eq!(value(&t, "tfinit_cancels_total{how=\"force\"}"), Some(0.0));
         assert_eq!(value(&t, "tfinit_runs{state=\"stopping\"}"), Some(4.0));
         assert_eq!(
             value(&t, "tfinit_records_store_state{state=\"open\"}"),

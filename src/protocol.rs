@@ -187,6 +187,22 @@ pub enum Request {
     Resume,
     /// The metrics, in the OpenMetrics text format (`tfinit metrics`).
     Metrics,
+    /// Stop one run, or every run in a directory (`tfinit cancel`).
+    Cancel(CancelRequest),
+}
+
+/// `tfinit cancel`: exactly one of `run` and `workdir`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CancelRequest {
+    /// The run's id, as `tfinit status` shows it (`r7`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// An absolute directory: every run whose working directory it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// SIGKILL the runs' process groups at once instead of the graceful SIGTERM.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// A terraform run as the shim saw it invoked.
@@ -257,6 +273,9 @@ pub struct Reply {
     /// The metrics text, for `metrics`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// For `cancel`: what was done to each run it named, one line each (`r7: SIGTERM sent...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancelled: Vec<String>,
 }
 
 /// `tfinit status`: the init and its runs.
@@ -321,8 +340,10 @@ pub struct RunStatus {
     pub attached: bool,
     /// Whether terraform was asked to stop gracefully (its one SIGTERM).
     pub stop_requested: bool,
-    /// Where the run is in its life: `recovering` (a lock recovery runs first), `running`, or
-    /// `exited` (terraform was reaped, its output is still being drained). Empty from an older init.
+    /// Where the run is in its life: `queued` (waiting for a place under TFINIT_MAX_RUNS),
+    /// `recovering` (a lock recovery runs first), `recording` (its lock-owner record is being
+    /// written), `running`, or `exited` (terraform was reaped, its output is still being
+    /// drained). Empty from an older init.
     #[serde(default)]
     pub state: String,
 }
@@ -383,6 +404,31 @@ mod tests {
         assert_eq!(s, r#"{"v":1,"op":"status"}"#);
         let back: Envelope = serde_json::from_str(&s).unwrap();
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn a_cancel_names_a_run_or_a_directory() {
+        let e = Envelope {
+            v: VERSION,
+            request: Request::Cancel(CancelRequest {
+                run: Some("r7".into()),
+                workdir: None,
+                force: true,
+            }),
+        };
+        let s = serde_json::to_string(&e).unwrap();
+        assert_eq!(s, r#"{"v":1,"op":"cancel","run":"r7","force":true}"#);
+        assert_eq!(serde_json::from_str::<Envelope>(&s).unwrap(), e);
+        let dir: Envelope =
+            serde_json::from_str(r#"{"v":1,"op":"cancel","workdir":"/tf/x"}"#).unwrap();
+        assert_eq!(
+            dir.request,
+            Request::Cancel(CancelRequest {
+                run: None,
+                workdir: Some("/tf/x".into()),
+                force: false
+            })
+        );
     }
 
     #[test]

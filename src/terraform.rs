@@ -1,5 +1,6 @@
 //! What tfinit knows about a terraform command line: its subcommand, whether it takes the state
-//! lock, where it runs (`-chdir`), how to show it without secrets, and where the real binary is.
+//! lock, whether it only reads (TFINIT_MAX_RUNS never queues it), where it runs (`-chdir`), how to
+//! show it without secrets, and where the real binary is.
 
 use crate::protocol::env_value;
 use std::ffi::OsStr;
@@ -194,7 +195,13 @@ pub struct Invocation {
     locks: bool,
     /// NAME of `workspace new|delete|select NAME` (or `env ...`), when read exactly.
     workspace_arg: Option<String>,
+    /// Whether terraform only prints help or its version (`-help`, `-version` read as flags).
+    prints_only: bool,
 }
+
+/// The subcommands that read and print and never change anything nor wait on a lock, which
+/// TFINIT_MAX_RUNS never queues (besides help and version flags, and no subcommand at all).
+pub const READ_ONLY: [&str; 6] = ["version", "providers", "output", "show", "validate", "fmt"];
 
 impl Invocation {
     /// Parses terraform's arguments (without argv[0]) in the run's environment (`KEY=VALUE`).
@@ -210,6 +217,7 @@ impl Invocation {
                 chdir,
                 locks: env_unsure,
                 workspace_arg: None,
+                prints_only: !env_unsure,
             };
         };
         let subcommand = args[start..end].join(" ");
@@ -241,11 +249,16 @@ impl Invocation {
                 | "env select"
         );
         let exact = !env_unsure && !read.global.unsure && !read.go.unsure;
+        let Readings { global, go, .. } = &read;
+        let prints_only = !env_unsure
+            && !global.unsure
+            && (global.help || global.version || go.help || go.version);
         Invocation {
             workspace_arg: read.go.operand.filter(|_| names_workspace && exact),
             subcommand,
             chdir,
             locks,
+            prints_only,
         }
     }
 
@@ -253,6 +266,12 @@ impl Invocation {
     /// [`LOCKING`] for which subcommands do and [`Invocation`] for how the flags are read.
     pub fn takes_lock(&self) -> bool {
         self.locks
+    }
+
+    /// Whether the run only reads and prints ([`READ_ONLY`], or help and version): it never waits
+    /// for a place under TFINIT_MAX_RUNS and takes none.
+    pub fn read_only(&self) -> bool {
+        self.prints_only || READ_ONLY.contains(&self.subcommand.as_str())
     }
 
     /// The NAME of `workspace new|delete|select NAME` (or `env ...`): the workspace whose state
@@ -268,6 +287,26 @@ impl Invocation {
             None => cwd.to_path_buf(),
         }
     }
+}
+
+/// `dir` with `.` and `..` resolved as text (no file system call: the init compares directories
+/// this way in its loop), e.g. `/tf/x/../y/.` is `/tf/y`.
+pub fn normal_dir(dir: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in dir.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // `/..` is `/`; a relative path keeps the `..` it cannot resolve.
+                if !out.pop() && !out.has_root() {
+                    out.push(c);
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// terraform's extractChdirOption: among the leading arguments that start with `-`, the last
@@ -982,6 +1021,56 @@ mod tests {
                 &["force-unlock", "-force", "id"],
                 &["typo", "-lock=true"],
             ],
+        );
+    }
+
+    #[test]
+    fn directories_are_compared_with_dot_and_dot_dot_resolved_as_text() {
+        for (given, normal) in [
+            ("/tf/x/../y/.", "/tf/y"),
+            ("/tf//x/", "/tf/x"),
+            ("/..", "/"),
+            ("/tf/x/sub/..", "/tf/x"),
+            ("rel/../..", ".."),
+        ] {
+            assert_eq!(normal_dir(Path::new(given)), Path::new(normal), "{given}");
+        }
+    }
+
+    #[test]
+    fn read_only_runs_are_the_printing_subcommands_and_help_and_version() {
+        let read_only = |args: &[&str], env: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let env: Vec<String> = env.iter().map(|a| a.to_string()).collect();
+            Invocation::parse(&args, &env).read_only()
+        };
+        for args in [
+            &[][..],
+            &["version"],
+            &["-version"],
+            &["-chdir=x", "output", "-json"],
+            &["show", "-json"],
+            &["validate"],
+            &["fmt", "-check"],
+            &["providers"],
+            &["apply", "-help"],
+            &["plan", "-version"],
+        ] {
+            assert!(read_only(args, &[]), "{args:?}");
+        }
+        for args in [
+            &["apply", "-auto-approve"][..],
+            &["plan"],
+            &["init"],
+            &["providers", "lock"],
+            &["state", "rm", "a.b"],
+            &["apply", "--", "-help"],
+        ] {
+            assert!(!read_only(args, &[]), "{args:?}");
+        }
+        assert!(
+            !read_only(&["-version"], &["TF_CLI_ARGS=\"x\""]),
+            "an environment tfinit cannot read may change what runs"
         );
     }
 

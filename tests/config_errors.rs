@@ -167,6 +167,22 @@ const SETTINGS: &[Setting] = &[
         ],
         good: "127.0.0.1:0",
     },
+    Setting {
+        var: "TFINIT_MAX_RUNS",
+        flag: "--max-runs",
+        example: "4",
+        // 0 would let no run ever start: unset is "no limit".
+        bad: &[
+            "0",
+            "00",
+            "two",
+            "-1",
+            "1.5",
+            "99999999999999999999999999",
+            HUGE,
+        ],
+        good: "3",
+    },
 ];
 
 /// A finished `tfinit ... -- touch MARKER`: its code, its stderr, whether the command ran.
@@ -248,6 +264,17 @@ fn every_bad_variable_value_stops_tfinit_with_exit_2_and_one_line_naming_it() {
             );
         }
     }
+}
+
+#[test]
+fn a_cap_of_zero_runs_is_refused_saying_why_and_what_to_do() {
+    let o = run_env("TFINIT_MAX_RUNS", "0");
+    assert_refused(&o, "TFINIT_MAX_RUNS", "0", "TFINIT_MAX_RUNS=0");
+    assert!(
+        o.stderr.contains("must be at least 1") && o.stderr.contains("leave it unset for no limit"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

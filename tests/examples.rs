@@ -236,6 +236,7 @@ fn check_workload(
         record_timeout: value("TFINIT_RECORD_TIMEOUT"),
         force_unlock: value("TFINIT_FORCE_UNLOCK"),
         metrics_addr: value("TFINIT_METRICS_ADDR"),
+        max_runs: value("TFINIT_MAX_RUNS"),
     };
     ensure!(odd.is_empty(), "{ctx}: tfinit needs values: {odd:?}");
     let cfg = InitConfig::from_args(&args, None)

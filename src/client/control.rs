@@ -1,4 +1,5 @@
-//! `tfinit status`, `tfinit drain [--wait] [--timeout D]`, `tfinit resume`, `tfinit recover`.
+//! `tfinit status`, `tfinit drain [--wait] [--timeout D]`, `tfinit resume`, `tfinit cancel`,
+//! `tfinit recover`.
 
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -6,10 +7,11 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
+use crate::locks::names::valid_run_id;
 use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::store::FileStore;
-use crate::protocol::{self, Envelope, Kind, Reply, Request, Status};
+use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
 pub const EXIT_NO_INIT: i32 = 3;
@@ -28,18 +30,29 @@ fn ask(request: Request) -> Result<Reply, String> {
         request,
     })
     .map_err(|e| e.to_string())?;
-    write_frame(&mut sock, Kind::Request, &body)
-        .map_err(|e| format!("sending the request failed: {e}"))?;
+    // A write that fails may have met the init's refusal (a client of another uid is answered
+    // and closed at once): that answer, when there is one, says more than the broken pipe.
+    let sent = write_frame(&mut sock, Kind::Request, &body);
     let mut payload = Vec::new();
-    match read_frame(&mut sock, &mut payload) {
+    let answer = read_frame(&mut sock, &mut payload);
+    if let Err(e) = &sent {
+        if !matches!(answer, Ok(Some(Kind::Exit))) {
+            return Err(format!("sending the request failed: {e}"));
+        }
+    }
+    match answer {
         Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload)
             .map_err(|e| format!("malformed reply from the init: {e}")),
         Ok(Some(Kind::Exit)) => {
             let note: protocol::ExitNote =
                 serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
-            Err(note
+            // The note's text is the shim's, "tfinit: "-prefixed; callers add their own.
+            let error = note
                 .error
-                .unwrap_or_else(|| "the init refused the request".into()))
+                .unwrap_or_else(|| "the init refused the request".into());
+            Err(error
+                .strip_prefix("tfinit: ")
+                .map_or(error.clone(), str::to_string))
         }
         Ok(other) => Err(format!("unexpected answer from the init: {other:?}")),
         Err(e) => Err(format!("reading the reply failed: {e}")),
@@ -107,6 +120,59 @@ pub fn metrics() -> i32 {
 /// `tfinit resume`.
 pub fn resume() -> i32 {
     simple(Request::Resume)
+}
+
+/// `tfinit cancel RUN_ID | --workdir DIR [--force]`: prints what was done to each run; exits 0,
+/// 1 when nothing was (no such run, the init is shutting down), 2 for a malformed id, 3 without
+/// an init.
+pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool) -> i32 {
+    if let Some(id) = run.filter(|id| !valid_run_id(id)) {
+        eprintln!(
+            "tfinit: {id:?} is not a run id: ids look like r7, as `tfinit status` shows them"
+        );
+        return 2;
+    }
+    let workdir = match workdir.map(absolute_dir) {
+        Some(Err(e)) => {
+            eprintln!("tfinit: {e}");
+            return 2;
+        }
+        Some(Ok(d)) => Some(d),
+        None => None,
+    };
+    let request = Request::Cancel(CancelRequest {
+        run: run.map(str::to_string),
+        workdir: workdir.map(|d| d.to_string_lossy().into_owned()),
+        force,
+    });
+    match ask(request) {
+        Ok(reply) => {
+            for line in &reply.cancelled {
+                println!("{line}");
+            }
+            if let Some(e) = reply.error {
+                eprintln!("tfinit: {e}");
+            }
+            if reply.ok {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("tfinit: {e}");
+            EXIT_NO_INIT
+        }
+    }
+}
+
+/// `--workdir DIR` as the init compares it: absolute (from here), symbolic links resolved when
+/// it exists (the shims report their working directories that way), `.` and `..` resolved.
+fn absolute_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let abs = std::env::current_dir()
+        .map_err(|e| format!("cannot read the current directory to make --workdir absolute ({e}): give an absolute --workdir"))?
+        .join(dir);
+    Ok(std::fs::canonicalize(&abs).unwrap_or_else(|_| crate::terraform::normal_dir(&abs)))
 }
 
 /// `tfinit drain [--wait] [--timeout D]`.

@@ -85,6 +85,8 @@ pub(super) enum Action {
     KillHelper(Pid),
     /// Storage work for the recorder thread.
     Record(Request),
+    /// `tfinit cancel` acted on a run: the metrics count it.
+    CountCancel(crate::metrics::Cancel),
     /// A run of `subcommand` is over (`outcome`, after `took`): the metrics count it.
     Tally {
         /// terraform's subcommand.
@@ -96,8 +98,8 @@ pub(super) enum Action {
     },
 }
 
-/// Why a run is refused before terraform starts. The shim exits 75 ("try again later") with the
-/// one message [`Refusal::answer`] builds.
+/// Why a run is refused (or ended) before terraform starts. The shim exits 75 ("try again
+/// later") with the one message [`Refusal::answer`] builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refusal {
     /// `tfinit drain`.
@@ -111,24 +113,27 @@ pub(super) enum Refusal {
     Shadowed,
     /// The state volume has not answered since the init started: no heartbeat of it is there.
     Unseen,
+    /// `tfinit cancel` ended it while it was queued or waiting for its lock check or record.
+    Cancelled,
 }
 
 impl Refusal {
-    /// What the init is, as the refusal says it.
+    /// Why, as the refusal says it (after "tfinit: ").
     pub(super) fn as_str(self) -> &'static str {
         match self {
-            Refusal::Draining => "draining (tfinit drain; `tfinit resume` accepts runs again)",
-            Refusal::ShuttingDown => "shutting down (the container is stopping)",
-            Refusal::Fenced => "unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
-            Refusal::Unseen => "waiting for the state volume (TFINIT_STATE_DIR), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
-            Refusal::Shadowed => "unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who in this working directory (another pod's recovery of it could release this run's lock; see the init's log)",
+            Refusal::Draining => "the init is draining (tfinit drain; `tfinit resume` accepts runs again)",
+            Refusal::ShuttingDown => "the init is shutting down (the container is stopping)",
+            Refusal::Fenced => "the init is unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
+            Refusal::Unseen => "the init is waiting for the state volume (TFINIT_STATE_DIR), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
+            Refusal::Shadowed => "the init is unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who in this working directory (another pod's recovery of it could release this run's lock; see the init's log)",
+            Refusal::Cancelled => "the run was cancelled (tfinit cancel) before terraform started",
         }
     }
 
     /// The answer to `conn` (of run `run`, once it has one): exit code 75, and why.
     pub(super) fn answer(self, conn: ConnId, run: Option<RunId>) -> Action {
         let msg = format!(
-            "tfinit: the init is {}: terraform was not started; the controller should retry later (exit code {})",
+            "tfinit: {}: terraform was not started; the controller should retry later (exit code {})",
             self.as_str(),
             protocol::EXIT_REFUSED
         );

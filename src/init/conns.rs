@@ -87,7 +87,7 @@ impl Conns {
     }
 
     /// Accepts every pending client. A peer of another uid (not root) is answered with an error and
-    /// closed: only the init's own user may start terraform through it.
+    /// closed: only the init's own user may start terraform or control the init through it.
     pub(super) fn accept_all(&mut self, epoll: &Epoll) {
         loop {
             let Some(listener) = &self.listener else {
@@ -322,7 +322,7 @@ fn own_user(sock: &UnixStream) -> bool {
             let note = ExitNote {
                 code: protocol::EXIT_INIT_ERROR,
                 error: Some(format!(
-                    "tfinit: refused: this client runs as uid {} but the init runs as uid {me}; only the init's own user (or root) may start terraform through it",
+                    "tfinit: refused: this client runs as uid {} but the init runs as uid {me}; only the init's own user (or root) may start terraform or control the init (status, drain, cancel) through it",
                     cred.uid()
                 )),
                 ..Default::default()

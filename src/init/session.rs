@@ -5,8 +5,12 @@
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use crate::locks::names::RunId;
-use crate::protocol::{self, Decoder, Envelope, Kind, Request, RunRequest, SignalNote};
+use super::runs::{CancelTarget, Force};
+use crate::locks::names::{valid_run_id, RunId};
+use crate::protocol::{
+    self, CancelRequest, Decoder, Envelope, Kind, Request, RunRequest, SignalNote,
+};
+use crate::terraform::normal_dir;
 
 /// Where a conversation is.
 #[derive(Debug)]
@@ -49,7 +53,7 @@ pub(super) enum Input {
 }
 
 /// A control request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Control {
     /// The status document.
     Status,
@@ -59,6 +63,13 @@ pub(super) enum Control {
     Resume,
     /// The metrics text.
     Metrics,
+    /// Stop the runs `target` names (`tfinit cancel`).
+    Cancel {
+        /// Which runs.
+        target: CancelTarget,
+        /// Gracefully, or SIGKILL at once.
+        force: Force,
+    },
 }
 
 /// One client's conversation.
@@ -213,6 +224,36 @@ fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
         Request::Drain => Input::Control(Control::Drain),
         Request::Resume => Input::Control(Control::Resume),
         Request::Metrics => Input::Control(Control::Metrics),
+        Request::Cancel(c) => match cancel_target(&c) {
+            Ok(target) => {
+                let force = if c.force {
+                    Force::Kill
+                } else {
+                    Force::Graceful
+                };
+                Input::Control(Control::Cancel { target, force })
+            }
+            Err(problem) => Input::Broken(problem),
+        },
+    }
+}
+
+/// Which runs a cancel names: a run id as the init writes them, or an absolute directory.
+fn cancel_target(c: &CancelRequest) -> Result<CancelTarget, String> {
+    match (&c.run, &c.workdir) {
+        (Some(id), None) => id
+            .strip_prefix('r')
+            .filter(|_| valid_run_id(id))
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| CancelTarget::Run(RunId::from(n)))
+            .ok_or_else(|| {
+                format!("{id:?} is not a run id: ids look like r7, as `tfinit status` shows them")
+            }),
+        (None, Some(dir)) if Path::new(dir).is_absolute() => {
+            Ok(CancelTarget::Workdir(normal_dir(Path::new(dir))))
+        }
+        (None, Some(dir)) => Err(format!("cancel workdir {dir:?} is not an absolute path")),
+        _ => Err("a cancel names either a run or a workdir, not both nor neither".into()),
     }
 }
 
@@ -318,6 +359,45 @@ mod tests {
         assert!(broken(frame(Kind::Request, b"{")).starts_with("malformed request"));
         let future = br#"{"v":99,"op":"status"}"#;
         assert!(broken(frame(Kind::Request, future)).contains("protocol version 99"));
+    }
+
+    #[test]
+    fn a_cancel_names_a_run_id_or_an_absolute_directory() {
+        let cancel = |run: Option<&str>, workdir: Option<&str>, force: bool| {
+            let mut s = Session::default();
+            s.received(
+                &envelope(Request::Cancel(CancelRequest {
+                    run: run.map(String::from),
+                    workdir: workdir.map(String::from),
+                    force,
+                })),
+                vec![],
+            );
+            s.next_input()
+        };
+        assert!(matches!(
+            cancel(Some("r7"), None, true),
+            Some(Input::Control(Control::Cancel { target: CancelTarget::Run(r), force: Force::Kill }))
+                if r == RunId::from(7)
+        ));
+        assert!(matches!(
+            cancel(None, Some("/tf/x/../y/"), false),
+            Some(Input::Control(Control::Cancel { target: CancelTarget::Workdir(d), force: Force::Graceful }))
+                if d == Path::new("/tf/y")
+        ));
+        for (run, dir, problem) in [
+            (Some("7"), None, "is not a run id"),
+            (Some("r"), None, "is not a run id"),
+            (Some("r99999999999999999999"), None, "is not a run id"),
+            (None, Some("tf/x"), "not an absolute path"),
+            (Some("r1"), Some("/tf"), "either a run or a workdir"),
+            (None, None, "either a run or a workdir"),
+        ] {
+            match cancel(run, dir, false) {
+                Some(Input::Broken(p)) => assert!(p.contains(problem), "{p}"),
+                other => panic!("{run:?} {dir:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::forward::forward_target;
 use super::reaper::{self, Exit};
 use super::reaping::{Children, Reaped};
 use super::records::{RecordEvent, Records};
-use super::runs::{Force, Runs};
+use super::runs::{CancelTarget, Force, Runs};
 use super::session::{Control, Input};
 use super::setup::Mode;
 use super::shutdown::{Cause, Phase, Step, Timeline, Transition};
@@ -88,7 +88,7 @@ impl Init {
         }
         Ok(Init {
             timeline: Timeline::new(cfg.grace_period, cfg.stop_timeout, cfg.kill_margin),
-            runs: Runs::new(cfg.record_timeout, cfg.stop_timeout),
+            runs: Runs::new(cfg.record_timeout, cfg.stop_timeout, cfg.max_runs),
             children: Children::new(main_pid),
             conns: Conns::new(listener),
             cfg,
@@ -147,6 +147,7 @@ impl Init {
                     self.apply(more);
                 }
                 Action::Adopt { pid, child } => self.children.adopt(pid, child),
+                Action::CountCancel(how) => self.metrics.cancelled(how),
                 Action::Tally {
                     subcommand,
                     outcome,
@@ -183,7 +184,8 @@ impl Init {
             return;
         };
         let started = spawn::terraform(request, stdin, self.records.incarnation_lock());
-        let more = self.runs.spawned(run, started, &mut self.records);
+        let now = Instant::now();
+        let more = self.runs.spawned(run, started, &mut self.records, now);
         self.apply(more);
     }
 
@@ -557,8 +559,10 @@ impl Init {
     }
 
     /// `tfinit status`, `drain` or `resume`: done, and answered with the status document;
-    /// `tfinit metrics`: answered with the metrics text (what a scrape reads).
+    /// `tfinit metrics`: answered with the metrics text (what a scrape reads); `tfinit cancel`:
+    /// done, and answered with what was done to each run, or why nothing was.
     fn on_control(&mut self, id: ConnId, control: Control) {
+        let mut cancelled = Vec::new();
         let error = match control {
             Control::Metrics => {
                 let now = Instant::now();
@@ -571,6 +575,7 @@ impl Init {
                     error: None,
                     status: None,
                     metrics: Some(self.metrics.render()),
+                    cancelled: Vec::new(),
                 };
                 let after = self.conns.reply(id, &self.epoll, &reply);
                 self.after_conn(after);
@@ -603,6 +608,13 @@ impl Init {
                 (!resumed && phase != Phase::Running)
                     .then(|| format!("cannot resume: the init is {}", phase.as_str()))
             }
+            Control::Cancel { target, force } => match self.cancel(&target, force) {
+                Ok(lines) => {
+                    cancelled = lines;
+                    None
+                }
+                Err(e) => Some(e),
+            },
         };
         // The heartbeat's age as of the recorder's latest (quiet) news.
         let now = Instant::now();
@@ -620,9 +632,25 @@ impl Init {
                 now,
             )),
             metrics: None,
+            cancelled,
         };
         let after = self.conns.reply(id, &self.epoll, &reply);
         self.after_conn(after);
+    }
+
+    /// `tfinit cancel`: refused while stopping (the timeline stops every run itself, on its
+    /// schedule: a cancel would only second-guess it); otherwise the runs do it.
+    fn cancel(&mut self, target: &CancelTarget, force: Force) -> Result<Vec<String>, String> {
+        if self.timeline.phase() == Phase::Stopping {
+            let left = self.timeline.seconds_left(Instant::now()).unwrap_or(0.0);
+            return Err(format!(
+                "cannot cancel: the init is shutting down and stops every run itself (its graceful SIGTERM TFINIT_STOP_TIMEOUT before the deadline, SIGKILL TFINIT_KILL_MARGIN before it; {left:.0}s left); nothing was sent"
+            ));
+        }
+        let now = Instant::now();
+        let (acts, done) = self.runs.cancel(target, force, &mut self.records, now)?;
+        self.apply(acts);
+        Ok(done)
     }
 
     // ----- the output relay: terraform's pipes to the shim (or the log) -----

@@ -61,7 +61,10 @@ impl Runs {
         };
         match &mut run.life {
             // Not started: nothing to kill (the shutdown refused it already).
-            Life::AwaitingRecords { .. } | Life::Recording { .. } | Life::Launching { .. } => {}
+            Life::Queued { .. }
+            | Life::AwaitingRecords { .. }
+            | Life::Recording { .. }
+            | Life::Launching { .. } => {}
             Life::Recovering { helper, .. } => {
                 if let Helper::Running { pid, kill_at } = helper {
                     // Due once: an abandoned run's timer never fires again.
@@ -149,12 +152,17 @@ impl Runs {
             return Vec::new();
         };
         run.job.conn = None;
-        if run.waits_for_store() {
+        if run.waiting() {
             // Nobody waits for it any more, and starting it now would only leave a run to stop.
             tracing::info!(run = %id, state = run.life.as_str(), "the shim is gone; terraform is not started");
             self.table.remove(&id);
-            let forget = records.exited(id, None, Vec::new());
-            return forget.map(Action::Record).into_iter().collect();
+            let mut acts: Vec<Action> = records
+                .exited(id, None, Vec::new())
+                .map(Action::Record)
+                .into_iter()
+                .collect();
+            self.admit(records, now, &mut acts);
+            return acts;
         }
         let was_paused = run.pipes().is_some_and(|p| p.paused);
         if matches!(run.life, Life::Exited { .. }) {
@@ -168,7 +176,7 @@ impl Runs {
             // The caller gave up (a reconcile timeout): stop gracefully, then hard after the timeout.
             self.request_stop(id, "the shim that started it is gone", &mut acts);
             if let Some(run) = self.table.get_mut(&id) {
-                run.abandon(now + self.stop_timeout);
+                run.arm_kill(now + self.stop_timeout);
             }
         }
         if was_paused {
@@ -218,6 +226,8 @@ impl Runs {
             });
         }
         self.finish_if_done(id, records, &mut acts);
+        // Its place under TFINIT_MAX_RUNS is free: terraform is gone (its output may still drain).
+        self.admit(records, now, &mut acts);
         acts
     }
 
@@ -292,11 +302,11 @@ impl Runs {
                 continue;
             };
             if run.kill_due().is_some_and(|t| now >= t) {
-                self.kill_run(
-                    id,
-                    "abandoned run did not stop within TFINIT_STOP_TIMEOUT",
-                    &mut acts,
-                );
+                let reason = match run.job.conn {
+                    None => "abandoned run did not stop within TFINIT_STOP_TIMEOUT",
+                    Some(_) => "cancelled run did not stop within TFINIT_STOP_TIMEOUT",
+                };
+                self.kill_run(id, reason, &mut acts);
             } else if matches!(run.life, Life::Exited { linger_until, .. } if now >= linger_until) {
                 tracing::debug!(run = %id, "output pipes still open after terraform exited; draining and closing them");
                 acts.push(Action::Drain(id));

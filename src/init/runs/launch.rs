@@ -1,7 +1,10 @@
 //! From a shim's request to terraform's start, in one direction:
 //!
 //! 1. [`Runs::request`]: refused while draining or stopping; otherwise a run exists, tied to its
-//!    connection. A run that takes no state lock goes straight to 4.
+//!    connection. Under TFINIT_MAX_RUNS it waits `Queued` while the runs that hold a place are at
+//!    the cap (or others wait already); [`Runs::admit`] lets the oldest go on as places free up.
+//!    Read-only runs never wait and take no place. A run that takes no state lock goes straight
+//!    to 4.
 //! 2. [`Runs::check_lock`]: a dead run's record in its directory means a lock recovery first
 //!    (once the store is open and this init's own end-markings there are on the volume); the run
 //!    waits in `AwaitingRecords` or `Recovering`.
@@ -63,24 +66,58 @@ impl Runs {
         }
         let id = self.next_id();
         let job = Job::new(id, conn, &request, SystemTime::now());
-        let locking = job.locking();
+        let queue = !job.invocation.read_only() && self.must_queue();
         let pending = Pending {
             request: Box::new(request),
             stdin,
         };
         let mut acts = vec![Action::Attach { conn, run: id }];
-        if locking {
-            // It waits for the store until its lock check says otherwise.
-            let deadline = now + self.record_timeout;
-            let life = Life::AwaitingRecords { pending, deadline };
-            self.table.insert(id, Run { job, life });
-            self.check_lock(id, deadline, records, now, &mut acts);
+        if queue {
+            let position = self.queued() + 1;
+            let max = self.max_runs.map_or(0, |m| m.get());
+            tracing::info!(
+                run = %id, max_runs = max, in_flight = self.in_flight(), position, cwd = %job.cwd.display(),
+                subcommand = %job.invocation.subcommand,
+                "terraform run queued: TFINIT_MAX_RUNS={max} runs are in flight; it is number {position} in the queue and starts when one ends"
+            );
+        }
+        let life = Life::Queued { pending };
+        self.table.insert(id, Run { job, life });
+        if queue {
+            // Admitted in arrival order as places free up (normally none is free here).
+            self.admit(records, now, &mut acts);
         } else {
-            let life = Life::Launching { pending };
-            self.table.insert(id, Run { job, life });
-            self.launch(id, records, &mut acts);
+            self.begin(id, records, now, &mut acts);
         }
         acts
+    }
+
+    /// Takes queued runs out of the queue, oldest first, while places are free under
+    /// TFINIT_MAX_RUNS. Called wherever a place may have been given back: terraform reaped, a run
+    /// that held one ended before terraform started.
+    pub(super) fn admit(&mut self, records: &mut Records, now: Instant, acts: &mut Vec<Action>) {
+        while let Some(id) = self.next_admitted() {
+            tracing::debug!(run = %id, "a place under TFINIT_MAX_RUNS is free: the run leaves the queue");
+            self.begin(id, records, now, acts);
+        }
+    }
+
+    /// A run starts on its way to terraform (it holds a place from here): a state-locking run
+    /// checks its lock first (its wait for the store bounded by TFINIT_RECORD_TIMEOUT from now),
+    /// another one is launched.
+    fn begin(&mut self, id: RunId, records: &mut Records, now: Instant, acts: &mut Vec<Action>) {
+        let Some(run) = self.table.get(&id) else {
+            return;
+        };
+        if run.job.locking() {
+            // It waits for the store until its lock check says otherwise.
+            let deadline = now + self.record_timeout;
+            self.move_to(id, |pending| Life::AwaitingRecords { pending, deadline });
+            self.check_lock(id, deadline, records, now, acts);
+        } else {
+            self.move_to(id, |pending| Life::Launching { pending });
+            self.launch(id, records, acts);
+        }
     }
 
     /// A state-locking run's first step: when a dead run's record is in its directory, a lock
@@ -241,12 +278,14 @@ impl Runs {
         }
     }
 
-    /// The loop tried to start terraform for `id`: it runs, or its shim is told why not.
+    /// The loop tried to start terraform for `id` at `now`: it runs, or its shim is told why not
+    /// (and its place goes to the next queued run).
     pub(in crate::init) fn spawned(
         &mut self,
         id: RunId,
         started: Result<Started, StartError>,
         records: &mut Records,
+        now: Instant,
     ) -> Vec<Action> {
         let Some(run) = self.table.get_mut(&id) else {
             return Vec::new();
@@ -256,7 +295,11 @@ impl Runs {
         }
         let started = match started {
             Ok(s) => s,
-            Err(e) => return self.not_started(id, &e, records),
+            Err(e) => {
+                let mut acts = self.not_started(id, &e, records);
+                self.admit(records, now, &mut acts);
+                return acts;
+            }
         };
         let job = &run.job;
         tracing::info!(
@@ -314,8 +357,15 @@ impl Runs {
     }
 
     /// The one way a run that has not started is refused: it is over (its record, landed or in
-    /// flight, is removed) and its shim, if still there, is told why (exit code 75).
-    fn refuse(&mut self, id: RunId, why: Refusal, records: &mut Records, acts: &mut Vec<Action>) {
+    /// flight, is removed) and its shim, if still there, is told why (exit code 75). Its place,
+    /// if it held one, is given back by the caller ([`Self::admit`]).
+    pub(super) fn refuse(
+        &mut self,
+        id: RunId,
+        why: Refusal,
+        records: &mut Records,
+        acts: &mut Vec<Action>,
+    ) {
         let Some(run) = self.table.remove(&id) else {
             return;
         };
@@ -323,7 +373,7 @@ impl Runs {
             Refusal::Fenced | Refusal::Shadowed | Refusal::Unseen => {
                 tracing::warn!(run = %id, "terraform run refused before it started: {}", why.as_str())
             }
-            Refusal::Draining | Refusal::ShuttingDown => {
+            Refusal::Draining | Refusal::ShuttingDown | Refusal::Cancelled => {
                 tracing::info!(run = %id, state = run.life.as_str(), reason = why.as_str(), "terraform run refused before it started")
             }
         }
@@ -341,18 +391,20 @@ impl Runs {
     }
 
     /// The init stopped accepting runs (shutdown, drain): every run that has not started because
-    /// it waits for the store is refused; its record, if it lands later, is removed.
+    /// it waits in the queue or for the store is refused; its record, if it lands later, is
+    /// removed. No run is queued afterwards (none is admitted: the queue is empty).
     pub(in crate::init) fn refuse_waiting(
         &mut self,
         why: Refusal,
         records: &mut Records,
     ) -> Vec<Action> {
-        let waiting: Vec<RunId> = self
+        let mut waiting: Vec<RunId> = self
             .table
             .iter()
-            .filter(|(_, r)| r.waits_for_store())
+            .filter(|(_, r)| r.waiting())
             .map(|(id, _)| *id)
             .collect();
+        waiting.sort();
         let mut acts = Vec::new();
         for id in waiting {
             self.refuse(id, why, records, &mut acts);
@@ -393,6 +445,7 @@ impl Runs {
             self.record_step(id, None, records, now, &mut acts);
         }
         self.resume_awaiting(records, now, &mut acts);
+        self.admit(records, now, &mut acts);
         acts
     }
 
@@ -407,7 +460,7 @@ impl Runs {
         if records.opening() {
             return;
         }
-        let ready: Vec<(RunId, Instant)> = self
+        let mut ready: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -420,6 +473,8 @@ impl Runs {
                 _ => None,
             })
             .collect();
+        // In arrival order: their records are then written, and terraform started, in that order.
+        ready.sort();
         for (id, deadline) in ready {
             // An earlier one may have started a recovery in the same directory: checked again.
             self.check_lock(id, deadline, records, now, acts);
@@ -436,7 +491,7 @@ impl Runs {
         now: Instant,
         acts: &mut Vec<Action>,
     ) {
-        let expired: Vec<(RunId, Instant)> = self
+        let mut expired: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -448,6 +503,7 @@ impl Runs {
                 _ => None,
             })
             .collect();
+        expired.sort();
         for (id, deadline) in expired {
             if let Some(run) = self.table.get(&id) {
                 tracing::warn!(

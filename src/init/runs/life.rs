@@ -54,10 +54,10 @@ impl Pipes {
 pub(super) enum Stop {
     /// Nothing was sent.
     None,
-    /// Its one graceful SIGTERM was sent. `kill_at`: an abandoned run's group is SIGKILLed then,
-    /// if still there (only while terraform runs).
+    /// Its one graceful SIGTERM was sent. `kill_at`: the group of an abandoned or cancelled run
+    /// is SIGKILLed then, if still there (only while terraform runs).
     Graceful {
-        /// When the group of an abandoned run is SIGKILLed.
+        /// When the group of an abandoned or cancelled run is SIGKILLed.
         kill_at: Option<Instant>,
     },
     /// Its group was SIGKILLed, after its graceful SIGTERM or not.
@@ -68,7 +68,7 @@ pub(super) enum Stop {
 }
 
 impl Stop {
-    /// The same once terraform exited: an abandoned run's SIGKILL timer is moot.
+    /// The same once terraform exited: an abandoned or cancelled run's SIGKILL timer is moot.
     pub(super) fn without_timer(self) -> Stop {
         match self {
             Stop::Graceful { .. } => Stop::Graceful { kill_at: None },
@@ -109,7 +109,7 @@ pub(super) enum Helper {
     Running {
         /// Its pid.
         pid: Pid,
-        /// When the helper of an abandoned run is SIGKILLed if still there.
+        /// When the helper of an abandoned or cancelled run is SIGKILLed if still there.
         kill_at: Option<Instant>,
     },
 }
@@ -117,6 +117,13 @@ pub(super) enum Helper {
 /// Where a run is in its life, with what exists in that state.
 #[derive(Debug)]
 pub(super) enum Life {
+    /// Waits for a place under TFINIT_MAX_RUNS: the runs that hold one are at the cap. Queued runs
+    /// leave the queue in arrival order (their ids) as places free up; nothing is done for one
+    /// before (no lock check, no record), and none is queued while the init refuses runs.
+    Queued {
+        /// Its request.
+        pending: Pending,
+    },
     /// Waits for the store to tell whether its lock needs a recovery: the store is opening, a
     /// recovery runs in its directory, or this init's own end-marking of a run there is not on
     /// the volume yet (a recovery must read records that tell the truth). At most until
@@ -173,6 +180,7 @@ impl Life {
     /// The name in `tfinit status` (`RunStatus.state`) and logs.
     pub(super) fn as_str(&self) -> &'static str {
         match self {
+            Life::Queued { .. } => "queued",
             Life::AwaitingRecords { .. } | Life::Recovering { .. } => "recovering",
             Life::Recording { .. } => "recording",
             Life::Launching { .. } | Life::Running { .. } => "running",
@@ -183,7 +191,8 @@ impl Life {
     /// Its request, while terraform has not started (to read it, or move it to the next state).
     pub(super) fn pending_mut(&mut self) -> Option<&mut Pending> {
         match self {
-            Life::AwaitingRecords { pending, .. }
+            Life::Queued { pending }
+            | Life::AwaitingRecords { pending, .. }
             | Life::Recovering { pending, .. }
             | Life::Recording { pending }
             | Life::Launching { pending } => Some(pending),
@@ -291,13 +300,26 @@ impl Run {
         }
     }
 
-    /// Whether terraform has not started yet and waits for the store (its record, or what a
-    /// recovery needs), not for a process.
-    pub(super) fn waits_for_store(&self) -> bool {
+    /// Whether terraform has not started yet and the run waits for a place under
+    /// TFINIT_MAX_RUNS or for the store (its record, or what a recovery needs), not for a process:
+    /// it can end at once, and nothing is left to stop.
+    pub(super) fn waiting(&self) -> bool {
         matches!(
             self.life,
-            Life::AwaitingRecords { .. } | Life::Recording { .. }
+            Life::Queued { .. } | Life::AwaitingRecords { .. } | Life::Recording { .. }
         )
+    }
+
+    /// Whether it holds one of the TFINIT_MAX_RUNS places: from leaving the queue (its lock check,
+    /// recovery and record, then terraform) until terraform is reaped. Read-only runs never do.
+    pub(super) fn holds_place(&self) -> bool {
+        !self.job.invocation.read_only()
+            && !matches!(self.life, Life::Queued { .. } | Life::Exited { .. })
+    }
+
+    /// Whether it waits in the queue.
+    pub(super) fn queued(&self) -> bool {
+        matches!(self.life, Life::Queued { .. })
     }
 
     /// Whether a recovery runs (or is being started) for it.
@@ -362,9 +384,10 @@ impl Run {
         Some((pgid, stop))
     }
 
-    /// Its shim left: terraform's group (or the recovery helper's) is SIGKILLed at `kill_at` if
-    /// still there. Only a terraform asked to stop, or a running helper, has such a timer.
-    pub(super) fn abandon(&mut self, kill_at: Instant) {
+    /// Its shim left, or it was cancelled: terraform's group (or the recovery helper's) is
+    /// SIGKILLed at `kill_at` if still there (an earlier SIGKILL already due stays). Only a
+    /// terraform asked to stop, or a running helper, has such a timer.
+    pub(super) fn arm_kill(&mut self, kill_at: Instant) {
         match &mut self.life {
             Life::Recovering {
                 helper: Helper::Running { kill_at: at, .. },
@@ -373,7 +396,7 @@ impl Run {
             | Life::Running {
                 stop: Stop::Graceful { kill_at: at },
                 ..
-            } => *at = Some(kill_at),
+            } => *at = Some(at.map_or(kill_at, |due| due.min(kill_at))),
             _ => {}
         }
     }

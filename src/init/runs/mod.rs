@@ -3,16 +3,21 @@
 //! changes a run's [`Life`] and returns the [`Action`]s that follow. Nothing here touches a
 //! process, a pipe's contents or a socket: the loop does what the actions say.
 //!
-//! - launch.rs: from the request to terraform's start (refusal, lock check, recovery, record).
+//! - launch.rs: from the request to terraform's start (refusal, the queue under
+//!   TFINIT_MAX_RUNS, lock check, recovery, record).
 //! - ending.rs: stopping, abandoning and ending runs (signals, exits, records closed, timers).
+//! - cancel.rs: `tfinit cancel`, one run or a directory's runs stopped on an operator's request.
 
+mod cancel;
 mod ending;
 mod launch;
 mod life;
 
+pub(super) use cancel::CancelTarget;
 pub(super) use ending::Force;
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -37,18 +42,26 @@ pub(super) struct Runs {
     next: RunId,
     /// TFINIT_RECORD_TIMEOUT: how long a state-locking run waits for the store at most.
     record_timeout: Duration,
-    /// TFINIT_STOP_TIMEOUT: how long an abandoned run may take to stop before its SIGKILL.
+    /// TFINIT_STOP_TIMEOUT: how long an abandoned or cancelled run may take to stop before its
+    /// SIGKILL.
     stop_timeout: Duration,
+    /// TFINIT_MAX_RUNS: how many runs may hold a place at once (None: no limit).
+    max_runs: Option<NonZeroUsize>,
 }
 
 impl Runs {
     /// No runs yet.
-    pub(super) fn new(record_timeout: Duration, stop_timeout: Duration) -> Runs {
+    pub(super) fn new(
+        record_timeout: Duration,
+        stop_timeout: Duration,
+        max_runs: Option<NonZeroUsize>,
+    ) -> Runs {
         Runs {
             table: HashMap::new(),
             next: RunId::FIRST,
             record_timeout,
             stop_timeout,
+            max_runs,
         }
     }
 
@@ -69,6 +82,7 @@ impl Runs {
         let mut counts = [0i64; 5];
         for run in self.table.values() {
             let state = match &run.life {
+                Life::Queued { .. } => M::Queued,
                 Life::AwaitingRecords { .. } | Life::Recovering { .. } => M::Recovering,
                 Life::Recording { .. } => M::Recording,
                 Life::Launching { .. } => M::Running,
@@ -132,6 +146,8 @@ impl Runs {
             }
         }
         self.resume_awaiting(records, now, &mut acts);
+        // A run the fence refused as its record landed gave its place back.
+        self.admit(records, now, &mut acts);
         acts
     }
 
@@ -231,6 +247,36 @@ impl Runs {
         let id = self.next;
         self.next = id.next();
         id
+    }
+
+    /// How many runs hold a place under TFINIT_MAX_RUNS.
+    fn in_flight(&self) -> usize {
+        self.table.values().filter(|r| r.holds_place()).count()
+    }
+
+    /// How many runs wait in the queue.
+    fn queued(&self) -> usize {
+        self.table.values().filter(|r| r.queued()).count()
+    }
+
+    /// The queued run that came first, while a place is free.
+    fn next_admitted(&self) -> Option<RunId> {
+        let max = self.max_runs?;
+        if self.in_flight() >= max.get() {
+            return None;
+        }
+        self.table
+            .values()
+            .filter(|r| r.queued())
+            .map(|r| r.job.id)
+            .min()
+    }
+
+    /// Whether a run asked now must wait in the queue: a cap is set and reached, or others wait
+    /// already (arrival order).
+    fn must_queue(&self) -> bool {
+        self.max_runs
+            .is_some_and(|max| self.in_flight() >= max.get() || self.queued() > 0)
     }
 
     /// Whether a lock recovery runs (or is being started) in `workdir`: nothing launches there

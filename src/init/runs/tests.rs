@@ -1,6 +1,7 @@
 //! The runs' decisions, without a process, a pipe or a socket: requests, the store's answers and
 //! the loop's reports go in, actions come out.
 
+use std::num::NonZeroUsize;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use super::super::shutdown::Phase;
 use super::super::spawn::Started;
 use super::super::token::ConnId;
 use super::super::token::Stream;
-use super::{Force, Runs};
+use super::{CancelTarget, Force, Runs};
 use crate::locks::book::Book;
 use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
@@ -35,7 +36,12 @@ fn c(n: u64) -> ConnId {
 }
 
 fn runs() -> Runs {
-    Runs::new(RECORD_TIMEOUT, STOP_TIMEOUT)
+    Runs::new(RECORD_TIMEOUT, STOP_TIMEOUT, None)
+}
+
+/// Runs under TFINIT_MAX_RUNS=`max`.
+fn capped(max: usize) -> Runs {
+    Runs::new(RECORD_TIMEOUT, STOP_TIMEOUT, NonZeroUsize::new(max))
 }
 
 /// Records whose store is still opening (nothing is known about it yet).
@@ -140,7 +146,7 @@ fn start(runs: &mut Runs, run: RunId, pid: i32, records: &mut Records) -> Vec<Ac
         stdout: null(),
         stderr: null(),
     };
-    runs.spawned(run, Ok(started), records)
+    runs.spawned(run, Ok(started), records, Instant::now())
 }
 
 /// Both pipes of `run` reached their end.
@@ -198,6 +204,7 @@ fn names(acts: &[Action]) -> Vec<String> {
                 outcome,
                 ..
             } => format!("tally {subcommand} {}", outcome.label()),
+            Action::CountCancel(how) => format!("count cancel {}", how.label()),
         })
         .collect()
 }
@@ -493,7 +500,344 @@ fn terraform_that_cannot_be_started_answers_its_shim_with_the_shells_code() {
     ask(&mut runs, 4, &["version"], &mut rec, t);
     let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
     let failed = Err(super::super::spawn::StartError::Spawn(missing));
-    let acts = runs.spawned(r(1), failed, &mut rec);
+    let acts = runs.spawned(r(1), failed, &mut rec, t);
     assert_eq!(names(&acts), ["answer 4 127 r1"]);
     assert!(runs.is_empty());
+}
+
+// ----- TFINIT_MAX_RUNS: the queue -----
+
+/// An apply that takes no lock: it goes straight to its launch once it has a place.
+const NO_LOCK: &[&str] = &["apply", "-lock=false"];
+
+#[test]
+fn runs_over_the_cap_wait_queued_and_start_in_arrival_order_as_terraform_is_reaped() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = capped(2);
+    assert_eq!(
+        names(&ask(&mut runs, 1, NO_LOCK, &mut rec, t)),
+        ["attach 1 r1", "spawn r1"]
+    );
+    assert_eq!(
+        names(&ask(&mut runs, 2, NO_LOCK, &mut rec, t)),
+        ["attach 2 r2", "spawn r2"]
+    );
+    assert_eq!(
+        names(&ask(&mut runs, 3, NO_LOCK, &mut rec, t)),
+        ["attach 3 r3"]
+    );
+    assert_eq!(
+        names(&ask(&mut runs, 4, NO_LOCK, &mut rec, t)),
+        ["attach 4 r4"]
+    );
+    start(&mut runs, r(1), 101, &mut rec);
+    start(&mut runs, r(2), 102, &mut rec);
+    assert_eq!(
+        state(&runs).into_iter().map(|(_, s)| s).collect::<Vec<_>>(),
+        ["running", "running", "queued", "queued"]
+    );
+    assert_eq!(
+        runs.counts(),
+        [0, 0, 2, 2, 0],
+        "recovering, recording, queued, running, stopping"
+    );
+    assert_eq!(runs.next_wakeup(), None, "a queued run has no timer");
+
+    // r2's terraform is reaped: its place goes to r3 (the oldest queued) at once, though its
+    // output still drains; r4 waits on.
+    let acts = runs.terraform_exited(r(2), Exit::Code(0), false, &mut rec, t);
+    assert_eq!(names(&acts), ["spawn r3"]);
+    start(&mut runs, r(3), 103, &mut rec);
+    assert!(close_pipes(&mut runs, r(2), &mut rec)
+        .iter()
+        .all(|a| !matches!(a, Action::Spawn(_))));
+    let acts = runs.terraform_exited(r(1), Exit::Code(1), false, &mut rec, t);
+    assert_eq!(names(&acts), ["spawn r4"]);
+}
+
+#[test]
+fn read_only_runs_are_never_queued_and_take_no_place() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = capped(1);
+    ask(&mut runs, 1, NO_LOCK, &mut rec, t);
+    start(&mut runs, r(1), 101, &mut rec);
+    for (conn, args) in [
+        (2, &["version"][..]),
+        (3, &["-version"]),
+        (4, &["show", "-json"]),
+        (5, &["output"]),
+    ] {
+        let acts = ask(&mut runs, conn, args, &mut rec, t);
+        assert!(
+            names(&acts).last().is_some_and(|a| a.starts_with("spawn")),
+            "{args:?}: {acts:?}"
+        );
+    }
+    assert_eq!(
+        names(&ask(&mut runs, 6, NO_LOCK, &mut rec, t)),
+        ["attach 6 r6"],
+        "the cap holds"
+    );
+    start(&mut runs, r(2), 102, &mut rec);
+    let acts = runs.terraform_exited(r(2), Exit::Code(0), false, &mut rec, t);
+    assert!(
+        !names(&acts).contains(&"spawn r6".to_string()),
+        "a read-only run freed no place"
+    );
+}
+
+#[test]
+fn a_locking_run_holds_its_place_from_its_lock_check_and_gives_it_back_if_it_never_starts() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = capped(1);
+    assert_eq!(
+        names(&ask(&mut runs, 1, &["apply"], &mut rec, t)),
+        ["attach 1 r1", "record create r1"]
+    );
+    assert_eq!(
+        names(&ask(&mut runs, 2, &["apply"], &mut rec, t)),
+        ["attach 2 r2"]
+    );
+    assert_eq!(
+        state(&runs)[1],
+        ("r2".into(), "queued".into()),
+        "no record for a queued run"
+    );
+    // r1's shim leaves while its record is written: r1 is over, r2 leaves the queue, and its
+    // wait for the store starts now.
+    let later = t + Duration::from_secs(3);
+    let acts = runs.detach(r(1), later, false, &mut rec);
+    assert_eq!(names(&acts), ["record remove r1", "record create r2"]);
+    assert_eq!(state(&runs), [("r2".into(), "recording".into())]);
+}
+
+#[test]
+fn queued_runs_are_refused_with_75_at_drain_and_a_shim_that_leaves_ends_its_run() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = capped(1);
+    ask(&mut runs, 1, NO_LOCK, &mut rec, t);
+    start(&mut runs, r(1), 101, &mut rec);
+    ask(&mut runs, 2, NO_LOCK, &mut rec, t);
+    ask(&mut runs, 3, NO_LOCK, &mut rec, t);
+    assert!(
+        runs.detach(r(2), t, false, &mut rec).is_empty(),
+        "nothing to remove or stop"
+    );
+    let acts = runs.refuse_waiting(Refusal::Draining, &mut rec);
+    assert_eq!(names(&acts), ["answer 3 75 r3", "tally apply refused"]);
+    assert_eq!(state(&runs), [("r1".into(), "running".into())]);
+    let acts = runs.terraform_exited(r(1), Exit::Code(0), false, &mut rec, t);
+    assert!(
+        acts.iter().all(|a| !matches!(a, Action::Spawn(_))),
+        "{acts:?}"
+    );
+}
+
+// ----- tfinit cancel -----
+
+#[test]
+fn a_graceful_cancel_sends_the_one_sigterm_then_sigkill_after_the_stop_timeout() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, NO_LOCK, &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    let cancel = CancelTarget::Run(r(1));
+    let (acts, done) = runs.cancel(&cancel, Force::Graceful, &mut rec, t).unwrap();
+    assert_eq!(names(&acts), ["term r1 100", "count cancel graceful"]);
+    assert!(
+        done[0].starts_with("r1: SIGTERM sent to terraform"),
+        "{done:?}"
+    );
+    assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
+
+    // Asked again: nothing more is sent, and the SIGKILL stays when it was due.
+    let (acts, done) = runs
+        .cancel(&cancel, Force::Graceful, &mut rec, t + STOP_TIMEOUT / 2)
+        .unwrap();
+    assert!(acts.is_empty(), "never a second SIGTERM: {acts:?}");
+    assert!(done[0].contains("asked to stop already"), "{done:?}");
+    assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
+    assert!(runs.shim_signal(r(1), libc::SIGTERM, false).is_empty());
+    let due = runs.tick(&mut rec, Path::new("/state"), t + STOP_TIMEOUT);
+    assert_eq!(names(&due), ["kill r1 100"]);
+
+    // terraform ends by itself after the SIGTERM: its shim gets its code, counted as stopped.
+    runs.terraform_exited(r(1), Exit::Code(1), false, &mut rec, t);
+    let acts = close_pipes(&mut runs, r(1), &mut rec);
+    assert_eq!(names(&acts), ["answer 1 1 r1", "tally apply killed"]);
+}
+
+#[test]
+fn a_cancel_after_the_shims_own_stop_signal_sends_nothing_but_arms_the_sigkill() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    ask(&mut runs, 1, NO_LOCK, &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    assert_eq!(
+        names(&runs.shim_signal(r(1), libc::SIGINT, false)),
+        ["term r1 100"]
+    );
+    assert_eq!(runs.next_wakeup(), None);
+    let (acts, _) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Graceful, &mut rec, t)
+        .unwrap();
+    assert!(acts.is_empty(), "{acts:?}");
+    assert_eq!(runs.next_wakeup(), Some(t + STOP_TIMEOUT));
+}
+
+#[test]
+fn a_forced_cancel_kills_the_group_at_once_and_the_killed_locking_run_keeps_its_record() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = runs();
+    ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let landed = Completion::Created {
+        run: r(1),
+        result: Ok(PathBuf::from("/state/records/r1.json")),
+    };
+    let events = rec.feed(landed, t);
+    runs.on_record_events(events, &mut rec, t);
+    start(&mut runs, r(1), 100, &mut rec);
+    let (acts, done) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Kill, &mut rec, t)
+        .unwrap();
+    assert_eq!(names(&acts), ["kill r1 100", "count cancel force"]);
+    assert!(done[0].contains("SIGKILL"), "{done:?}");
+    let (acts, _) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Kill, &mut rec, t)
+        .unwrap();
+    assert!(acts.is_empty(), "one SIGKILL: {acts:?}");
+    runs.terraform_exited(r(1), Exit::Signal(9), false, &mut rec, t);
+    let acts = close_pipes(&mut runs, r(1), &mut rec);
+    assert_eq!(
+        names(&acts),
+        ["record end r1", "answer 1 137 r1", "tally apply killed"]
+    );
+}
+
+#[test]
+fn a_cancelled_run_that_has_not_started_ends_with_75_and_gives_its_place_back() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![]);
+    let mut runs = capped(1);
+    ask(&mut runs, 1, &["apply"], &mut rec, t);
+    ask(&mut runs, 2, NO_LOCK, &mut rec, t);
+    ask(&mut runs, 3, NO_LOCK, &mut rec, t);
+    assert_eq!(state(&runs)[0], ("r1".into(), "recording".into()));
+    // The queued one: ended, nothing else moves.
+    let (acts, done) = runs
+        .cancel(&CancelTarget::Run(r(2)), Force::Graceful, &mut rec, t)
+        .unwrap();
+    assert_eq!(
+        names(&acts),
+        [
+            "answer 2 75 r2",
+            "tally apply refused",
+            "count cancel graceful"
+        ]
+    );
+    assert!(done[0].contains("(it was queued)"), "{done:?}");
+    let Action::Answer { note, .. } = &acts[0] else {
+        unreachable!()
+    };
+    let msg = note.error.as_deref().unwrap_or_default();
+    assert!(
+        msg.contains("cancelled") && msg.contains("terraform was not started"),
+        "{msg}"
+    );
+    // The recording one: its record is removed and r3 takes its place.
+    let (acts, _) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Kill, &mut rec, t)
+        .unwrap();
+    assert_eq!(
+        names(&acts),
+        [
+            "record remove r1",
+            "answer 1 75 r1",
+            "tally apply refused",
+            "count cancel force",
+            "spawn r3"
+        ]
+    );
+}
+
+#[test]
+fn a_cancel_names_a_run_that_exists_or_a_directory_where_runs_work() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    let e = runs
+        .cancel(&CancelTarget::Run(r(9)), Force::Graceful, &mut rec, t)
+        .unwrap_err();
+    assert!(
+        e.contains("no run r9") && e.contains("tfinit status"),
+        "{e}"
+    );
+
+    let mut req = request(&["-chdir=sub", "apply", "-lock=false"], "/tf/a");
+    runs.request(c(1), req.clone(), None, Phase::Running, &mut rec, t);
+    req.cwd = "/tf/b".into();
+    req.args = vec!["apply".into(), "-lock=false".into()];
+    runs.request(c(2), req, None, Phase::Running, &mut rec, t);
+    start(&mut runs, r(1), 101, &mut rec);
+    start(&mut runs, r(2), 102, &mut rec);
+    let by_dir = |runs: &mut Runs, rec: &mut Records, dir: &str| {
+        runs.cancel(
+            &CancelTarget::Workdir(PathBuf::from(dir)),
+            Force::Graceful,
+            rec,
+            t,
+        )
+        .map(|(acts, _)| names(&acts))
+    };
+    assert_eq!(
+        by_dir(&mut runs, &mut rec, "/tf/a/sub").unwrap(),
+        ["term r1 101", "count cancel graceful"]
+    );
+    assert_eq!(
+        by_dir(&mut runs, &mut rec, "/tf/b").unwrap(),
+        ["term r2 102", "count cancel graceful"]
+    );
+    let e = by_dir(&mut runs, &mut rec, "/tf/c").unwrap_err();
+    assert!(
+        e.contains("no run in /tf/c") && e.contains("tfinit status"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_cancelled_run_whose_lock_recovery_runs_answers_75_at_once_and_ends_with_its_helper() {
+    let t = Instant::now();
+    let mut rec = open(t, vec![dead_record("/tf/x")]);
+    let mut runs = capped(1);
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let Some(Action::Recover { args, .. }) = acts.into_iter().nth(1) else {
+        panic!("a recovery");
+    };
+    runs.recovery_started(r(1), &args, Ok(Pid::from_raw(50)), &mut rec, t);
+    assert_eq!(
+        names(&ask(&mut runs, 2, NO_LOCK, &mut rec, t)),
+        ["attach 2 r2"]
+    );
+
+    let (acts, done) = runs
+        .cancel(&CancelTarget::Run(r(1)), Force::Graceful, &mut rec, t)
+        .unwrap();
+    assert_eq!(names(&acts), ["answer 1 75 r1", "count cancel graceful"]);
+    assert!(done[0].contains("a lock recovery runs first"), "{done:?}");
+    assert_eq!(
+        runs.next_wakeup(),
+        Some(t + STOP_TIMEOUT),
+        "the helper is SIGKILLed if it has not finished by then"
+    );
+    // The helper finishes: the run ends without terraform, and its place goes to r2.
+    let acts = runs.recovery_exited(r(1), Exit::Code(0), None, &mut rec, t);
+    assert_eq!(names(&acts), ["record rescan", "spawn r2"]);
+    assert_eq!(state(&runs), [("r2".into(), "running".into())]);
 }

@@ -212,20 +212,23 @@ struct VersionLabels {
     version: &'static str,
 }
 
-/// Backends `tfinit_force_unlocks_total{backend}` names; anything else is `other`.
-pub const BACKENDS: [&str; 8] = [
+/// Backends `tfinit_force_unlocks_total{backend}` names; anything else is `other`. consul and
+/// http are never probed (their force-unlock deletes any lock): their records are `unsupported`.
+pub const BACKENDS: [&str; 9] = [
     "s3",
     "kubernetes",
     "azurerm",
     "gcs",
     "local",
     "pg",
-    "unsupported",
+    "consul",
+    "http",
     "other",
 ];
 
-/// Outcomes of a lock recovery, as `tfinit_force_unlocks_total{outcome}` names them.
-pub const UNLOCK_OUTCOMES: [&str; 9] = [
+/// Outcomes of a lock recovery, as `tfinit_force_unlocks_total{outcome}` names them
+/// (`locks::recover::Outcome::label`).
+pub const UNLOCK_OUTCOMES: [&str; 10] = [
     "unlocked",
     "free",
     "held_by_other",
@@ -235,6 +238,7 @@ pub const UNLOCK_OUTCOMES: [&str; 9] = [
     "unlock_failed",
     "needs_person",
     "nothing_to_release",
+    "unsupported",
 ];
 
 /// States of the records store, as `tfinit_records_store_state{state}` names them (1 for the
@@ -391,14 +395,7 @@ impl Metrics {
         for s in RunState::ALL {
             let _ = runs.get_or_create(&StateLabels { state: s.label() });
         }
-        for b in BACKENDS {
-            for o in UNLOCK_OUTCOMES {
-                let _ = force_unlocks.get_or_create(&UnlockLabels {
-                    backend: b,
-                    outcome: o,
-                });
-            }
-        }
+        // tfinit_force_unlocks_total's series are made at first use too (90 label sets).
         for s in STORE_STATES {
             let _ = store_state.get_or_create(&NameLabels { state: s });
         }
@@ -441,6 +438,21 @@ impl Metrics {
             "shutdown_phase",
             "Phase of the init (1 for the current phase)",
             shutdown_phase.clone(),
+        );
+        registry.register(
+            "force_unlocks",
+            "Records a lock recovery decided on, by the working directory's backend and the outcome (unlocked: its dead run's lock was force-unlocked)",
+            force_unlocks.clone(),
+        );
+        registry.register(
+            "recoveries_needing_a_person",
+            "Records whose lock no terraform command can release (its state is missing): a person must run the command the log gives",
+            needing_person.clone(),
+        );
+        registry.register(
+            "orphan_candidates",
+            "Resources dead runs had in progress when their records were recovered: each may exist in the cloud without being in the state",
+            orphan_candidates.clone(),
         );
         registry.register(
             "cancels",
@@ -612,7 +624,9 @@ mod tests {
         m.forwarded("SIGRTMIN+3");
         m.forwarded("SIGBOGUS");
         m.recovered("s3", "unlocked", 2);
-        m.recovered("consul", "nothing_to_release", 0);
+        m.recovered("etcdv3", "ambiguous", 5);
+        m.recovered("s3", "no_such_outcome", 1);
+        m.set_needing_person(1);
         m.set_runs([0, 1, 2, 3, 4]);
         m.set_store_state("open");
         m.set_phase("draining");
@@ -659,8 +673,27 @@ mod tests {
             value(&t, "tfinit_signals_forwarded_total{signal=\"other\"}"),
             Some(1.0)
         );
-        // Not served until the init feeds them.
-        assert!(!t.contains("tfinit_force_unlocks_total"), "{t}");
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_force_unlocks_total{backend=\"s3\",outcome=\"unlocked\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_force_unlocks_total{backend=\"other\",outcome=\"ambiguous\"}"
+            ),
+            Some(1.0),
+            "an unknown backend counts as other"
+        );
+        assert_eq!(
+            value(&t, "tfinit_orphan_candidates_total"),
+            Some(2.0),
+            "only a released lock's resources are orphan candidates"
+        );
+        assert_eq!(value(&t, "tfinit_recoveries_needing_a_person"), Some(1.0));
         assert_eq!(
             value(&t, "tfinit_cancels_total{how=\"graceful\"}"),
             Some(1.0)

@@ -4,6 +4,7 @@
 //! libc itself. Harmless errnos are handled by name where the caller needs it (ESRCH from kill).
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -334,6 +335,25 @@ pub(crate) fn random_u32() -> u32 {
         t.tv_nsec() as u64 ^ (t.tv_sec() as u64).rotate_left(29)
     });
     (t ^ (t >> 32)) as u32 ^ std::process::id().rotate_left(16)
+}
+
+/// Takes ownership of descriptor `fd`, inherited from the parent for this process (the recovery
+/// helper's report pipe), and marks it close-on-exec so the terraform it starts does not hold
+/// it. None when `fd` is not an open descriptor (or is a standard stream).
+pub(crate) fn take_inherited_fd(fd: i32) -> Option<OwnedFd> {
+    if fd <= 2 {
+        return None;
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; an fd that is not open gives EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the parent (the init) passed this open descriptor to this process alone, and
+    // nothing else in this process refers to it: taking ownership closes it exactly once.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: F_SETFD with FD_CLOEXEC on a descriptor just checked to be open.
+    unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    Some(owned)
 }
 
 /// The hostname as terraform's `os.Hostname()` sees it (the pod name in Kubernetes).

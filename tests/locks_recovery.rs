@@ -69,20 +69,52 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     // pod-b, same workspace path, on another node, reconciles by itself: it watches pod-a's
     // heartbeat for a TTL on its own clock (no kernel proof reaches across nodes).
     let out = w.tmp.join("pod-b.out");
+    // Once it succeeded, the controller asks the init for its metrics (`tfinit metrics`).
+    let metrics = w.tmp.join("pod-b.metrics");
     let b_started = now_ms();
     let mut pod_b = Pod::start_on_other_node(
         &w,
         PodSpec {
             name: "pod-b",
             uid: Some(NOBODY_UID),
-            script: apply_until_success(&out, 30),
-            env: vec![("TF_VAR_sleep", "0".into())],
+            script: format!(
+                "( {} ); rc=$?; \"$TFINIT_TEST_BIN\" metrics > {} 2>&1; exit $rc",
+                apply_until_success(&out, 30),
+                metrics.display()
+            ),
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TFINIT_TEST_BIN", common::tfinit().display().to_string()),
+            ],
         },
         "00000000-0000-4000-8000-00000000000b",
     );
     let st = pod_b.wait();
     let log = pod_b.log();
     assert!(st.success(), "pod-b never succeeded: {log}");
+    // Its recovery helper told the init what it did: one s3 lock force-unlocked, the dead run's
+    // resources in progress counted as orphan candidates, no person needed.
+    let scraped = common::read(&metrics);
+    let value = |series: &str| -> Option<f64> {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    assert_eq!(
+        value("tfinit_force_unlocks_total{backend=\"s3\",outcome=\"unlocked\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        value("tfinit_orphan_candidates_total"),
+        Some(rec["in_progress"].as_array().unwrap().len() as f64),
+        "{scraped}"
+    );
+    assert_eq!(
+        value("tfinit_recoveries_needing_a_person"),
+        Some(0.0),
+        "{scraped}"
+    );
     let tries = attempts(&out);
     let ok = tries.last().unwrap();
     assert!(ok.ok);

@@ -449,6 +449,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             return 1;
         }
     };
+    tell_the_init(&results);
     let bad = results.iter().any(|(_, _, o)| {
         matches!(
             o,
@@ -459,5 +460,43 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
         1
     } else {
         0
+    }
+}
+
+/// Writes one [`recover::HelperReport`] line per decided record to the pipe the init gave this
+/// helper (`TFINIT_REPORT_FD`), for its metrics. Each line goes in one write(2) of less than
+/// PIPE_BUF bytes, so lines of helpers that run at once never interleave. Best effort: the
+/// metrics are the only loss when it fails.
+fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
+    use std::io::Write;
+    let Some(pipe) = std::env::var(recover::REPORT_FD_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .and_then(crate::sys::take_inherited_fd)
+    else {
+        return;
+    };
+    let mut pipe = std::fs::File::from(pipe);
+    for (_, rec, outcome) in results {
+        let Some(label) = outcome.label() else {
+            continue;
+        };
+        let report = recover::HelperReport {
+            backend: recover::backend_type(std::path::Path::new(&rec.workdir))
+                .unwrap_or_else(|| "other".into()),
+            outcome: label.into(),
+            orphans: rec
+                .in_progress
+                .iter()
+                .filter(|r| !r.starts_with(crate::locks::record::OMITTED_MARK))
+                .count() as u64,
+        };
+        let Ok(mut line) = serde_json::to_vec(&report) else {
+            continue;
+        };
+        line.push(b'\n');
+        if line.len() < 4096 {
+            let _ = pipe.write_all(&line);
+        }
     }
 }

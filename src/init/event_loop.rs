@@ -1,6 +1,6 @@
 //! The PID-1 event loop: one thread, one epoll set (signalfd, control socket, connections, run
-//! output pipes, the recorder's eventfd), timers as the epoll timeout. It only waits and
-//! dispatches each event to its handler (supervisor.rs), which hands it to the concern it
+//! output pipes, the recorder's eventfd, the recovery helpers' report pipe), timers as the epoll
+//! timeout. It only waits and dispatches each event to its handler (supervisor.rs), which hands it to the concern it
 //! concerns and carries out what comes back. Nothing here panics or exits on a runtime error:
 //! failures are logged and the loop carries on, because if PID 1 dies the container dies.
 
@@ -50,6 +50,7 @@ impl Init {
             Source::Conn(id) => self.on_conn(id, flags),
             Source::Output(id, stream) => self.on_output(id, stream),
             Source::Recorder => self.on_recorder(),
+            Source::Reports => self.on_reports(),
             Source::Unknown(t) => tracing::debug!(token = t, "event for an unknown token"),
         }
     }

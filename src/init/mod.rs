@@ -4,7 +4,7 @@
 //! Where the code is: event_loop.rs waits and dispatches; supervisor.rs holds the concerns and
 //! carries out the actions they return (action.rs). The concerns, each owning its state: runs/
 //! (terraform runs), conns.rs and session.rs (the control socket's clients), records.rs (lock-owner
-//! records), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
+//! records), reports.rs (what recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
 //! (before the loop), spawn.rs (starting processes), reaper.rs (waitpid), forward.rs (where
 //! signals go), status.rs (the status document), token.rs (epoll tokens), plain.rs (the fallback).
 
@@ -16,6 +16,7 @@ mod plain;
 mod reaper;
 mod reaping;
 mod records;
+mod reports;
 mod runs;
 mod session;
 mod setup;

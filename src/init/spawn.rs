@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -175,8 +175,16 @@ pub(super) struct RecoveryArgs {
 }
 
 /// Starts the lock-recovery helper (this binary, hidden subcommand) with the run's environment
-/// (backend credentials) and working directory, in its own process group.
-pub(super) fn recovery(req: &RunRequest, args: &RecoveryArgs) -> io::Result<Pid> {
+/// (backend credentials) and working directory, in its own process group. `report_to`: the write
+/// end of the pipe its outcomes go back on (reports.rs); it inherits a duplicate, named by
+/// `TFINIT_REPORT_FD`.
+pub(super) fn recovery(
+    req: &RunRequest,
+    args: &RecoveryArgs,
+    report_to: Option<&OwnedFd>,
+) -> io::Result<Pid> {
+    // As for terraform's lock file: a duplicate without close-on-exec for this spawn only.
+    let inherited = report_to.map(nix::unistd::dup).transpose()?;
     let owner_json = serde_json::to_string(&args.owner).map_err(io::Error::other)?;
     let live_json = serde_json::to_string(&args.live).map_err(io::Error::other)?;
     let seen_json = serde_json::to_string(&args.seen).map_err(io::Error::other)?;
@@ -211,7 +219,14 @@ pub(super) fn recovery(req: &RunRequest, args: &RecoveryArgs) -> io::Result<Pid>
             cmd.env(k, v);
         }
     }
+    if let Some(fd) = &inherited {
+        cmd.env(
+            crate::locks::recover::REPORT_FD_VAR,
+            fd.as_raw_fd().to_string(),
+        );
+    }
     let child = cmd.spawn()?;
+    drop(inherited);
     Ok(Pid::from_raw(child.id() as i32))
 }
 

@@ -23,6 +23,7 @@ use super::forward::forward_target;
 use super::reaper::{self, Exit};
 use super::reaping::{Children, Reaped};
 use super::records::{RecordEvent, Records};
+use super::reports::Reports;
 use super::runs::{CancelTarget, Force, Runs};
 use super::session::{Control, Input};
 use super::setup::Mode;
@@ -60,6 +61,8 @@ pub(super) struct Init {
     runs: Runs,
     /// Lock-owner records: the book and the recorder.
     records: Records,
+    /// The recovery helpers' report pipe (None when it could not be made: no recovery metrics).
+    reports: Option<Reports>,
     /// Read buffer for terraform's output.
     scratch: Vec<u8>,
     /// What the metrics count (atomics the scraper reads).
@@ -86,6 +89,13 @@ impl Init {
         if let Some(fd) = records.fd() {
             watch(fd, token::TOKEN_RECORDER)?;
         }
+        let reports = match Reports::new() {
+            Ok(r) => watch(r.fd(), token::TOKEN_REPORTS).map(|()| r).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make the recovery helpers' report pipe: tfinit_force_unlocks_total stays 0");
+                None
+            }
+        };
         Ok(Init {
             timeline: Timeline::new(cfg.grace_period, cfg.stop_timeout, cfg.kill_margin),
             runs: Runs::new(cfg.record_timeout, cfg.stop_timeout, cfg.max_runs),
@@ -96,6 +106,7 @@ impl Init {
             epoll,
             sigfd,
             records,
+            reports,
             scratch: vec![0u8; protocol::MAX_DATA],
             metrics,
         })
@@ -107,6 +118,7 @@ impl Init {
         self.metrics.set_runs(self.runs.counts());
         let view = self.records.view(now);
         self.metrics.set_store_state(view.state);
+        self.metrics.set_needing_person(view.needing_person as i64);
         if let Some(beat) = view.heartbeat_age.and_then(|age| now.checked_sub(age)) {
             self.metrics.set_heartbeat(beat);
         }
@@ -139,7 +151,8 @@ impl Init {
                     let Some(request) = self.runs.request_of(run) else {
                         continue;
                     };
-                    let started = spawn::recovery(request, &args);
+                    let report_to = self.reports.as_ref().map(Reports::write_end);
+                    let started = spawn::recovery(request, &args, report_to);
                     let now = Instant::now();
                     let more =
                         self.runs
@@ -781,6 +794,16 @@ impl Init {
     }
 
     // ----- the recorder and the timers -----
+
+    /// The report pipe is readable: count what the recovery helpers decided (never blocks).
+    pub(super) fn on_reports(&mut self) {
+        let Some(reports) = &mut self.reports else {
+            return;
+        };
+        for r in reports.take(&mut self.scratch) {
+            self.metrics.recovered(&r.backend, &r.outcome, r.orphans);
+        }
+    }
 
     /// The recorder's eventfd is readable: take in what it did (never blocks).
     pub(super) fn on_recorder(&mut self) {

@@ -48,6 +48,7 @@ const KIND_CONN: u64 = 1;
 const KIND_STDOUT: u64 = 2;
 const KIND_STDERR: u64 = 3;
 const KIND_RECORDER: u64 = 4;
+const KIND_REPORTS: u64 = 5;
 
 /// Where an epoll event comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +63,8 @@ pub(super) enum Source {
     Output(RunId, Stream),
     /// The recorder's eventfd: storage work has completed.
     Recorder,
+    /// The recovery helpers' report pipe.
+    Reports,
     /// Nothing we registered.
     Unknown(u64),
 }
@@ -74,6 +77,9 @@ pub(super) const TOKEN_LISTENER: u64 = LISTENER;
 /// The token of the recorder's eventfd (a kind of its own: a bare 2 or 3 would read as run 0's
 /// output).
 pub(super) const TOKEN_RECORDER: u64 = KIND_RECORDER;
+
+/// The token of the recovery helpers' report pipe (a kind of its own, like the recorder's).
+pub(super) const TOKEN_REPORTS: u64 = KIND_REPORTS;
 
 /// The token of client connection `id` (ids start at 1, so it never equals the two above).
 pub(super) fn conn(id: ConnId) -> u64 {
@@ -99,6 +105,7 @@ pub(super) fn decode(tok: u64) -> Source {
             (KIND_STDOUT, id) => Source::Output(RunId::from(id), Stream::Stdout),
             (KIND_STDERR, id) => Source::Output(RunId::from(id), Stream::Stderr),
             (KIND_RECORDER, 0) => Source::Recorder,
+            (KIND_REPORTS, 0) => Source::Reports,
             _ => Source::Unknown(t),
         },
     }
@@ -113,6 +120,7 @@ mod tests {
         assert_eq!(decode(TOKEN_SIGNALS), Source::Signals);
         assert_eq!(decode(TOKEN_LISTENER), Source::Listener);
         assert_eq!(decode(TOKEN_RECORDER), Source::Recorder);
+        assert_eq!(decode(TOKEN_REPORTS), Source::Reports);
         assert_eq!(decode(conn(ConnId::from(7))), Source::Conn(ConnId::from(7)));
         let r9 = RunId::from(9);
         assert_eq!(

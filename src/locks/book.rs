@@ -140,6 +140,8 @@ pub struct View {
     pub state: &'static str,
     /// Age of the last successful heartbeat write; None before the first one.
     pub heartbeat_age: Option<Duration>,
+    /// Records whose lock a recovery found it cannot release: a person must.
+    pub needing_person: usize,
 }
 
 /// A message for the log; [`Notice::log`] writes it at its level.
@@ -1100,6 +1102,10 @@ impl Book {
         View {
             state,
             heartbeat_age: self.heartbeat_age(now),
+            needing_person: self
+                .entries()
+                .filter(|e| e.facts.needs_person_by.is_some())
+                .count(),
         }
     }
 

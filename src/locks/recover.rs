@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::liveness::{
     self, last_alive_ms, run_state, Facts, Observer, RunState, Seen, Token, Verdict,
 };
@@ -81,6 +83,41 @@ pub enum Outcome {
     /// automatic recovery leaves it alone and says nothing more.
     WaitingForPerson,
 }
+
+impl Outcome {
+    /// Its name in `tfinit_force_unlocks_total{outcome}` (metrics::UNLOCK_OUTCOMES); None for a
+    /// record left alone without a decision (a person was told already).
+    pub fn label(&self) -> Option<&'static str> {
+        Some(match self {
+            Outcome::OwnerAlive => "owner_alive",
+            Outcome::NothingToRelease(_) => "nothing_to_release",
+            Outcome::Unsupported(_) => "unsupported",
+            Outcome::Free => "free",
+            Outcome::Unlocked(_) => "unlocked",
+            Outcome::HeldByOther(..) => "held_by_other",
+            Outcome::Ambiguous(..) => "ambiguous",
+            Outcome::Unknown(_) => "unknown",
+            Outcome::UnlockFailed(_) => "unlock_failed",
+            Outcome::NeedsPerson(..) => "needs_person",
+            Outcome::WaitingForPerson => return None,
+        })
+    }
+}
+
+/// What a recovery helper tells the init of one record it decided on: one JSON line each, on the
+/// pipe the init gave it (`TFINIT_REPORT_FD`), for the metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelperReport {
+    /// The working directory's backend type (`s3`, `kubernetes`, ...; `other` when unknown).
+    pub backend: String,
+    /// [`Outcome::label`].
+    pub outcome: String,
+    /// Resources the dead run had in progress (orphan candidates).
+    pub orphans: u64,
+}
+
+/// The variable that names the helper's report pipe (a descriptor number it inherited).
+pub const REPORT_FD_VAR: &str = "TFINIT_REPORT_FD";
 
 /// What the state directory proves about when a dead run could have taken its lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

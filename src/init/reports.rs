@@ -1,0 +1,144 @@
+//! What recovery helpers report back: each writes one JSON line per record it decided on
+//! ([`HelperReport`]) into a pipe the init made at start, and the loop counts the lines in the
+//! metrics. The read end is non-blocking and in the epoll set, so a helper never makes the loop
+//! wait; a line comes in one write(2) shorter than PIPE_BUF, so helpers running at once never
+//! interleave theirs. Unit-tested without processes: [`Reports::feed`] takes bytes.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+use crate::locks::recover::HelperReport;
+
+/// The longest partial line kept while its end has not arrived: a helper writes far less, so
+/// anything longer is not one of its lines and is dropped.
+const MAX_LINE: usize = 4096;
+
+/// The report pipe and the part of a line read so far.
+#[derive(Debug)]
+pub(super) struct Reports {
+    /// The read end (non-blocking, close-on-exec).
+    read: OwnedFd,
+    /// The write end (close-on-exec): a duplicate without it goes to each helper.
+    write: OwnedFd,
+    /// Bytes after the last newline.
+    partial: Vec<u8>,
+}
+
+impl Reports {
+    /// A new pipe.
+    pub(super) fn new() -> io::Result<Reports> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        // Only the read end is non-blocking (its own open file description): a helper's write
+        // end stays blocking, so a full pipe slows that helper, never drops its line.
+        fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        Ok(Reports {
+            read,
+            write,
+            partial: Vec::new(),
+        })
+    }
+
+    /// The read end, for the epoll set.
+    pub(super) fn fd(&self) -> BorrowedFd<'_> {
+        self.read.as_fd()
+    }
+
+    /// The write end, for a helper to inherit a duplicate of.
+    pub(super) fn write_end(&self) -> &OwnedFd {
+        &self.write
+    }
+
+    /// Reads what is there (never blocks) and returns the complete lines' reports.
+    pub(super) fn take(&mut self, scratch: &mut [u8]) -> Vec<HelperReport> {
+        let mut out = Vec::new();
+        loop {
+            match nix::unistd::read(&self.read, scratch) {
+                Ok(0) => break,
+                Ok(n) => out.extend(self.feed(&scratch[..n])),
+                Err(Errno::EINTR) => continue,
+                // EAGAIN: all read. Anything else: the next readiness tries again.
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// Takes `bytes` in; returns the reports of the lines they complete. A line that does not
+    /// parse is logged and skipped.
+    pub(super) fn feed(&mut self, bytes: &[u8]) -> Vec<HelperReport> {
+        self.partial.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            match serde_json::from_slice::<HelperReport>(&line[..end]) {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a recovery helper's report line does not parse")
+                }
+            }
+        }
+        if self.partial.len() > MAX_LINE {
+            self.partial.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(outcome: &str) -> HelperReport {
+        HelperReport {
+            backend: "s3".into(),
+            outcome: outcome.into(),
+            orphans: 2,
+        }
+    }
+
+    #[test]
+    fn lines_are_taken_whole_whatever_the_reads_cut() {
+        let mut r = Reports::new().unwrap();
+        let a = serde_json::to_string(&report("unlocked")).unwrap();
+        let b = serde_json::to_string(&report("free")).unwrap();
+        let text = format!("{a}\n{b}\n");
+        let (first, rest) = text.split_at(a.len() - 3);
+        assert_eq!(r.feed(first.as_bytes()), vec![]);
+        assert_eq!(
+            r.feed(rest.as_bytes()),
+            vec![report("unlocked"), report("free")]
+        );
+    }
+
+    #[test]
+    fn a_bad_line_is_skipped_and_an_endless_one_dropped() {
+        let mut r = Reports::new().unwrap();
+        let good = serde_json::to_string(&report("ambiguous")).unwrap();
+        assert_eq!(
+            r.feed(format!("not json\n{good}\n").as_bytes()),
+            vec![report("ambiguous")]
+        );
+        assert_eq!(r.feed(&[b'x'; MAX_LINE + 1]), vec![]);
+        assert_eq!(
+            r.feed(format!("\n{good}\n").as_bytes()),
+            vec![report("ambiguous")]
+        );
+    }
+
+    #[test]
+    fn the_pipe_is_read_without_blocking() {
+        let mut r = Reports::new().unwrap();
+        let mut scratch = vec![0u8; 64];
+        assert_eq!(
+            r.take(&mut scratch),
+            vec![],
+            "an empty pipe returns at once"
+        );
+        let line = format!("{}\n", serde_json::to_string(&report("unlocked")).unwrap());
+        nix::unistd::write(r.write_end(), line.as_bytes()).unwrap();
+        assert_eq!(r.take(&mut scratch), vec![report("unlocked")]);
+    }
+}

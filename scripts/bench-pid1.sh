@@ -202,6 +202,29 @@ idle_wakeups() {
     echo $((after - before))
 }
 
+# A scrape never delays forwarding (issue 20): tfinit alone against tfinit serving
+# TFINIT_METRICS_ADDR to scripts/bench/scraper.py (a full scrape every 100 ms, and a client that
+# sends a request and never reads the answer), interleaved in one run. Each init waits 250 ms
+# before its SIGTERM so that scrapes and a stuck client overlap every trial.
+SCRAPE_TRIALS=${BENCH_SCRAPE_TRIALS:-100}
+SCRAPE_PORT=${BENCH_SCRAPE_PORT:-19102}
+command -v python3 >/dev/null || { echo "bench-pid1: python3 is missing (the scraper)" >&2; exit 2; }
+python3 scripts/bench/scraper.py 127.0.0.1 "$SCRAPE_PORT" >"$WORK/scraper" 2>&1 &
+scraper=$!
+echo "bench-pid1: latency $SCRAPE_TRIALS, tfinit with and without a scraper" >&2
+BENCH_SETTLE_MS=250 "$B" latency "$SCRAPE_TRIALS" "tfinit=$TFINIT_BIN --" \
+    "tfinit-scraped=/usr/bin/env TFINIT_METRICS_ADDR=127.0.0.1:$SCRAPE_PORT $TFINIT_BIN --" \
+    | tee "$WORK/scrape" >&2
+kill -TERM "$scraper"
+wait "$scraper" || true
+{
+    echo
+    echo "Forwarding with a metrics scraper (issue 20), in one interleaved run of $SCRAPE_TRIALS trials each, each"
+    echo "init idle 250 ms before its SIGTERM: tfinit without TFINIT_METRICS_ADDR $(get scrape tfinit p50) / $(get scrape tfinit p99) µs"
+    echo "(p50 / p99), tfinit serving it to a scrape every 100 ms plus a client that never reads"
+    echo "$(get scrape tfinit-scraped p50) / $(get scrape tfinit-scraped p99) µs. Scraper: $(cat "$WORK/scraper")."
+} | tee -a "$section"
+
 if [ -n "$BASE_BIN" ]; then
     IDLE=${BENCH_IDLE_SECONDS:-60}
     ab() { # ab LABEL WHAT FIELD [FIELD2]

@@ -67,12 +67,20 @@ fn print_status(status: &Status) {
 }
 
 fn simple(request: Request) -> i32 {
+    exchange(request, |reply| {
+        if let Some(s) = &reply.status {
+            print_status(s);
+        }
+    })
+}
+
+/// Asks the init, prints what its reply holds (`show`) and its error; the exit code: 0 when it
+/// did what was asked, 1 when not, 3 without an init.
+fn exchange(request: Request, show: impl FnOnce(&Reply)) -> i32 {
     match ask(request) {
         Ok(reply) => {
-            if let Some(s) = &reply.status {
-                print_status(s);
-            }
-            if let Some(e) = reply.error {
+            show(&reply);
+            if let Some(e) = &reply.error {
                 eprintln!("tfinit: {e}");
             }
             if reply.ok {
@@ -145,25 +153,11 @@ pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool)
         workdir: workdir.map(|d| d.to_string_lossy().into_owned()),
         force,
     });
-    match ask(request) {
-        Ok(reply) => {
-            for line in &reply.cancelled {
-                println!("{line}");
-            }
-            if let Some(e) = reply.error {
-                eprintln!("tfinit: {e}");
-            }
-            if reply.ok {
-                0
-            } else {
-                1
-            }
+    exchange(request, |reply| {
+        for line in &reply.cancelled {
+            println!("{line}");
         }
-        Err(e) => {
-            eprintln!("tfinit: {e}");
-            EXIT_NO_INIT
-        }
-    }
+    })
 }
 
 /// `--workdir DIR` as the init compares it: absolute (from here), symbolic links resolved when

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tfinit::locks::liveness::{fresh_enough, Facts};
 use tfinit::locks::names::RunId;
-use tfinit::locks::record::{Heartbeat, Owner};
+use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::recorder::{Beat, Completion, Entry, Table, WriteError};
 
 use super::legacy;
@@ -174,22 +174,7 @@ async fn close_again(sim: &Sim, inc: usize) {
                 })
                 .await
             }
-            Some(rec) => {
-                let rec = Rc::new(rec);
-                sim.write(node, move |w| {
-                    let landed = w.now;
-                    w.store.records.insert(
-                        id,
-                        Stored {
-                            inc,
-                            rec,
-                            landed_stale: false,
-                            landed,
-                        },
-                    );
-                })
-                .await
-            }
+            Some(rec) => store_ended(sim, node, inc, id, rec).await,
         };
         sim.with(|w| match result {
             Ok(()) => {
@@ -208,6 +193,30 @@ async fn close_again(sim: &Sim, inc: usize) {
             Err(_) => w.incs[inc].unclosed.push((run, id, retry)),
         });
     }
+}
+
+/// Writes record `id` of incarnation `inc` marked ended (`rec`) from `node`.
+async fn store_ended(
+    sim: &Sim,
+    node: usize,
+    inc: usize,
+    id: u64,
+    rec: Record,
+) -> Result<(), String> {
+    let rec = Rc::new(rec);
+    sim.write(node, move |w| {
+        let landed = w.now;
+        w.store.records.insert(
+            id,
+            Stored {
+                inc,
+                rec,
+                landed_stale: false,
+                landed,
+            },
+        );
+    })
+    .await
 }
 
 /// When the next heartbeat is due: TTL/3 from now on the node's own clock.
@@ -500,21 +509,7 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
             rec.ended = Some(ended);
             rec.updated_ms = sim.with(|w| w.wall(node));
             let retry = new.then(|| rec.clone());
-            let rec = Rc::new(rec);
-            let result = sim
-                .write(node, move |w| {
-                    let landed = w.now;
-                    w.store.records.insert(
-                        id,
-                        Stored {
-                            inc,
-                            rec,
-                            landed_stale: false,
-                            landed,
-                        },
-                    );
-                })
-                .await;
+            let result = store_ended(sim, node, inc, id, rec).await;
             let result = result.map_err(WriteError::Volume);
             sim.with(|w| {
                 if let (Err(_), Some(rec)) = (&result, retry) {

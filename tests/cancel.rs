@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use slow::{Budget, Shape, SlowInit, Spec, Workdir};
+use slow::{Budget, Shape, SlowInit, Workdir};
 
 const BUDGET: Budget = Budget {
     grace: 20.0,
@@ -34,30 +34,8 @@ fn text(b: &[u8]) -> String {
 
 /// Starts the init in `work`'s temp dir; its controller waits for SIGTERM and exits 0.
 fn start(work: &Workdir, shape: Shape) -> SlowInit {
-    let ctl_signals = work.tmp.join("controller-signals.log");
-    let init = SlowInit::start(
-        &work.tmp,
-        Spec {
-            cwd: &work.dir,
-            terraform_dir: slow::terraform().parent().unwrap().to_path_buf(),
-            shape,
-            budget: BUDGET,
-            env: vec![],
-            main: vec![
-                common::helper().into(),
-                "signals".into(),
-                ctl_signals.clone().into(),
-                "--exit-on".into(),
-                "TERM".into(),
-            ],
-        },
-    );
-    common::wait_for(
-        Duration::from_secs(10),
-        "the controller to be ready",
-        || common::read(&ctl_signals).contains("ready").then_some(()),
-    );
-    init
+    let tf_dir = slow::terraform().parent().unwrap().to_path_buf();
+    SlowInit::with_waiting_controller(&work.tmp, &work.dir, tf_dir, shape, BUDGET, vec![])
 }
 
 /// Starts a two-minute apply through the shim in `work` and waits until it is in flight (its
@@ -293,27 +271,9 @@ fn a_cancel_of_an_unknown_run_or_directory_says_so_and_sends_nothing() {
         return;
     }
     let tmp = common::TempDir::new("cancel-unknown");
-    let ctl_signals = tmp.join("controller-signals.log");
-    let mut init = SlowInit::start(
-        &tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(&tmp),
-            shape: Shape::SingleProcess,
-            budget: BUDGET,
-            env: vec![],
-            main: vec![
-                common::helper().into(),
-                "signals".into(),
-                ctl_signals.clone().into(),
-                "--exit-on".into(),
-                "TERM".into(),
-            ],
-        },
-    );
-    common::wait_for(Duration::from_secs(10), "the controller", || {
-        common::read(&ctl_signals).contains("ready").then_some(())
-    });
+    let tf_dir = common::fake_terraform_dir(&tmp);
+    let shape = Shape::SingleProcess;
+    let mut init = SlowInit::with_waiting_controller(&tmp, &tmp.0, tf_dir, shape, BUDGET, vec![]);
 
     let out = init.client(&["cancel", "r99"]);
     let err = text(&out.stderr);
@@ -372,28 +332,7 @@ fn a_cancel_from_another_uid_is_refused_by_the_peer_check() {
     }
     let tmp = common::TempDir::new("cancel-uid");
     let tf_log = tmp.join("fake-terraform.log");
-    let mut init = SlowInit::start(
-        &tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(&tmp),
-            shape: Shape::SingleProcess,
-            budget: BUDGET,
-            env: vec![
-                ("FAKE_TF_ON_TERM", "graceful".into()),
-                ("FAKE_TF_SLEEP_MS", "120000".into()),
-                ("FAKE_TF_LOG", tf_log.display().to_string()),
-            ],
-            main: slow::controller(
-                7,
-                &tmp.join("controller.log"),
-                &["apply".into(), "-auto-approve".into()],
-            ),
-        },
-    );
-    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
-        common::read(&tf_log).contains("args apply").then_some(())
-    });
+    let mut init = SlowInit::with_fake_apply(&tmp, &tf_log, BUDGET, "graceful", 7);
     // Let uid 4321 reach the socket (the init makes it 0700/0600): only the init's check is left.
     use std::os::unix::fs::PermissionsExt;
     let run_dir = tmp.join("run");

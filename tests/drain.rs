@@ -41,29 +41,11 @@ fn drain_refuses_new_runs_with_exit_75_and_resume_accepts_them_again(shape: Shap
         return;
     }
     let work = Workdir::new("drain-refuse");
+    let tf_dir = real_terraform_dir();
+    let mut init =
+        SlowInit::with_waiting_controller(&work.tmp, &work.dir, tf_dir, shape, BUDGET, vec![]);
+    // Where the waiting controller notes each signal it gets (after its `ready` line).
     let ctl_signals = work.tmp.join("controller-signals.log");
-    let mut init = SlowInit::start(
-        &work.tmp,
-        Spec {
-            cwd: &work.dir,
-            terraform_dir: real_terraform_dir(),
-            shape,
-            budget: BUDGET,
-            env: vec![],
-            main: vec![
-                common::helper().into(),
-                "signals".into(),
-                ctl_signals.clone().into(),
-                "--exit-on".into(),
-                "TERM".into(),
-            ],
-        },
-    );
-    common::wait_for(
-        Duration::from_secs(10),
-        "the controller to be ready",
-        || common::read(&ctl_signals).contains("ready").then_some(()),
-    );
 
     let drained = init.client(&["drain"]);
     assert!(drained.status.success(), "{}", text(&drained.stderr));
@@ -240,28 +222,7 @@ fn status_shows_the_phase_the_deadline_and_the_seconds_left() {
     }
     let tmp = common::TempDir::new("status");
     let tf_log = tmp.join("fake-terraform.log");
-    let mut init = SlowInit::start(
-        &tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(&tmp),
-            shape: Shape::SingleProcess,
-            budget: BUDGET,
-            env: vec![
-                ("FAKE_TF_ON_TERM", "graceful".into()),
-                ("FAKE_TF_SLEEP_MS", "120000".into()),
-                ("FAKE_TF_LOG", tf_log.display().to_string()),
-            ],
-            main: slow::controller(
-                7,
-                &tmp.join("controller.log"),
-                &["apply".into(), "-auto-approve".into()],
-            ),
-        },
-    );
-    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
-        common::read(&tf_log).contains("args apply").then_some(())
-    });
+    let mut init = SlowInit::with_fake_apply(&tmp, &tf_log, BUDGET, "graceful", 7);
 
     let s = init.status();
     assert_eq!(s["phase"], "running", "{s}");

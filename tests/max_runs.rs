@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use slow::{Budget, Shape, SlowInit, Spec, Workdir};
+use slow::{Budget, Shape, SlowInit, Workdir};
 
 const BUDGET: Budget = Budget {
     grace: 20.0,
@@ -34,30 +34,9 @@ fn text(b: &[u8]) -> String {
 /// Starts the init with TFINIT_MAX_RUNS=`max` in `work`'s temp dir; its controller waits for
 /// SIGTERM and exits 0.
 fn start(work: &Workdir, shape: Shape, max: usize) -> SlowInit {
-    let ctl_signals = work.tmp.join("controller-signals.log");
-    let init = SlowInit::start(
-        &work.tmp,
-        Spec {
-            cwd: &work.dir,
-            terraform_dir: slow::terraform().parent().unwrap().to_path_buf(),
-            shape,
-            budget: BUDGET,
-            env: vec![("TFINIT_MAX_RUNS", max.to_string())],
-            main: vec![
-                common::helper().into(),
-                "signals".into(),
-                ctl_signals.clone().into(),
-                "--exit-on".into(),
-                "TERM".into(),
-            ],
-        },
-    );
-    common::wait_for(
-        Duration::from_secs(10),
-        "the controller to be ready",
-        || common::read(&ctl_signals).contains("ready").then_some(()),
-    );
-    init
+    let tf_dir = slow::terraform().parent().unwrap().to_path_buf();
+    let env = vec![("TFINIT_MAX_RUNS", max.to_string())];
+    SlowInit::with_waiting_controller(&work.tmp, &work.dir, tf_dir, shape, BUDGET, env)
 }
 
 /// Starts `terraform ARGS` through the shim in `dir` (output collected at the end: small).

@@ -56,29 +56,7 @@ fn start_ignoring_sigterm(
     tf_log: &std::path::Path,
     budget: Budget,
 ) -> SlowInit {
-    let init = SlowInit::start(
-        tmp,
-        Spec {
-            cwd: &tmp.0,
-            terraform_dir: common::fake_terraform_dir(tmp),
-            shape: Shape::SingleProcess,
-            budget,
-            env: vec![
-                ("FAKE_TF_ON_TERM", "ignore".into()),
-                ("FAKE_TF_SLEEP_MS", "120000".into()),
-                ("FAKE_TF_LOG", tf_log.display().to_string()),
-            ],
-            main: slow::controller(
-                CONTROLLER_CODE,
-                &tmp.join("controller.log"),
-                &["apply".into(), "-auto-approve".into()],
-            ),
-        },
-    );
-    common::wait_for(Duration::from_secs(20), "fake terraform to start", || {
-        common::read(tf_log).contains("args apply").then_some(())
-    });
-    init
+    SlowInit::with_fake_apply(tmp, tf_log, budget, "ignore", CONTROLLER_CODE)
 }
 
 /// Waits until the apply is in flight (its local-exec started) and checks the shape.

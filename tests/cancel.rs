@@ -350,7 +350,11 @@ fn a_cancel_from_another_uid_is_refused_by_the_peer_check() {
         .env("TFINIT_RUN_DIR", &run_dir);
     let out = common::run_output(&mut cmd, Duration::from_secs(20));
     let err = text(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "refused by the init (1), not \"no init answers\" (3): {err}"
+    );
     assert!(err.contains("refused") && err.contains("uid 4321"), "{err}");
     assert!(!err.contains("tfinit: tfinit:"), "one prefix: {err}");
     let ev = init.events();

@@ -16,20 +16,48 @@ use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Statu
 /// Exit code when no init answers.
 pub const EXIT_NO_INIT: i32 = 3;
 
+/// Why a control request got no reply.
+#[derive(Debug)]
+enum AskError {
+    /// No init answered, or the exchange broke: exit [`EXIT_NO_INIT`].
+    NoInit(String),
+    /// The init answered with a refusal (a client of another uid): exit 1, as for any request
+    /// the init did not carry out.
+    Refused(String),
+}
+
+impl AskError {
+    /// The client's exit code.
+    fn code(&self) -> i32 {
+        match self {
+            AskError::NoInit(_) => EXIT_NO_INIT,
+            AskError::Refused(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for AskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskError::NoInit(e) | AskError::Refused(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Sends one control request and returns the init's reply.
-fn ask(request: Request) -> Result<Reply, String> {
+fn ask(request: Request) -> Result<Reply, AskError> {
     let path = socket_path(&config::client_run_dir());
     let mut sock = UnixStream::connect(&path).map_err(|e| {
-        format!(
+        AskError::NoInit(format!(
             "no tfinit init answers on {} ({e}): run this inside the container whose entrypoint is tfinit, with the same TFINIT_RUN_DIR",
             path.display()
-        )
+        ))
     })?;
     let body = serde_json::to_vec(&Envelope {
         v: protocol::VERSION,
         request,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| AskError::NoInit(e.to_string()))?;
     // A write that fails may have met the init's refusal (a client of another uid is answered
     // and closed at once): that answer, when there is one, says more than the broken pipe.
     let sent = write_frame(&mut sock, Kind::Request, &body);
@@ -37,25 +65,29 @@ fn ask(request: Request) -> Result<Reply, String> {
     let answer = read_frame(&mut sock, &mut payload);
     if let Err(e) = &sent {
         if !matches!(answer, Ok(Some(Kind::Exit))) {
-            return Err(format!("sending the request failed: {e}"));
+            return Err(AskError::NoInit(format!("sending the request failed: {e}")));
         }
     }
     match answer {
         Ok(Some(Kind::Reply)) => serde_json::from_slice(&payload)
-            .map_err(|e| format!("malformed reply from the init: {e}")),
+            .map_err(|e| AskError::NoInit(format!("malformed reply from the init: {e}"))),
         Ok(Some(Kind::Exit)) => {
-            let note: protocol::ExitNote =
-                serde_json::from_slice(&payload).map_err(|e| e.to_string())?;
+            let note: protocol::ExitNote = serde_json::from_slice(&payload)
+                .map_err(|e| AskError::NoInit(format!("malformed answer from the init: {e}")))?;
             // The note's text is the shim's, "tfinit: "-prefixed; callers add their own.
             let error = note
                 .error
                 .unwrap_or_else(|| "the init refused the request".into());
-            Err(error
-                .strip_prefix("tfinit: ")
-                .map_or(error.clone(), str::to_string))
+            Err(AskError::Refused(
+                error
+                    .strip_prefix("tfinit: ")
+                    .map_or(error.clone(), str::to_string),
+            ))
         }
-        Ok(other) => Err(format!("unexpected answer from the init: {other:?}")),
-        Err(e) => Err(format!("reading the reply failed: {e}")),
+        Ok(other) => Err(AskError::NoInit(format!(
+            "unexpected answer from the init: {other:?}"
+        ))),
+        Err(e) => Err(AskError::NoInit(format!("reading the reply failed: {e}"))),
     }
 }
 
@@ -75,7 +107,7 @@ fn simple(request: Request) -> i32 {
 }
 
 /// Asks the init, prints what its reply holds (`show`) and its error; the exit code: 0 when it
-/// did what was asked, 1 when not, 3 without an init.
+/// did what was asked, 1 when not (or the init refused this client), 3 without an init.
 fn exchange(request: Request, show: impl FnOnce(&Reply)) -> i32 {
     match ask(request) {
         Ok(reply) => {
@@ -91,7 +123,7 @@ fn exchange(request: Request, show: impl FnOnce(&Reply)) -> i32 {
         }
         Err(e) => {
             eprintln!("tfinit: {e}");
-            EXIT_NO_INIT
+            e.code()
         }
     }
 }
@@ -120,7 +152,7 @@ pub fn metrics() -> i32 {
         }
         Err(e) => {
             eprintln!("tfinit: {e}");
-            EXIT_NO_INIT
+            e.code()
         }
     }
 }
@@ -131,8 +163,8 @@ pub fn resume() -> i32 {
 }
 
 /// `tfinit cancel RUN_ID | --workdir DIR [--force]`: prints what was done to each run; exits 0,
-/// 1 when nothing was (no such run, the init is shutting down), 2 for a malformed id, 3 without
-/// an init.
+/// 1 when nothing was (no such run, the init is shutting down, a client of another uid), 2 for a
+/// malformed id, 3 without an init.
 pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool) -> i32 {
     if let Some(id) = run.filter(|id| !valid_run_id(id)) {
         eprintln!(
@@ -186,7 +218,7 @@ pub fn drain(wait: bool, timeout: Option<&str>) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tfinit: {e}");
-            return EXIT_NO_INIT;
+            return e.code();
         }
     };
     if !wait {

@@ -60,7 +60,7 @@ impl Runs {
                 "no run {id} in this init (it ended, or never existed): `tfinit status` lists the runs in flight and their ids"
             )),
             CancelTarget::Workdir(dir) => {
-                let mut ids: Vec<RunId> = self
+                let ids: Vec<RunId> = self
                     .table
                     .values()
                     .filter(|r| {
@@ -68,7 +68,6 @@ impl Runs {
                     })
                     .map(|r| r.job.id)
                     .collect();
-                ids.sort();
                 if ids.is_empty() {
                     return Err(no_run_in(dir));
                 }

@@ -398,13 +398,12 @@ impl Runs {
         why: Refusal,
         records: &mut Records,
     ) -> Vec<Action> {
-        let mut waiting: Vec<RunId> = self
+        let waiting: Vec<RunId> = self
             .table
             .iter()
             .filter(|(_, r)| r.waiting())
             .map(|(id, _)| *id)
             .collect();
-        waiting.sort();
         let mut acts = Vec::new();
         for id in waiting {
             self.refuse(id, why, records, &mut acts);
@@ -460,7 +459,7 @@ impl Runs {
         if records.opening() {
             return;
         }
-        let mut ready: Vec<(RunId, Instant)> = self
+        let ready: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -473,8 +472,6 @@ impl Runs {
                 _ => None,
             })
             .collect();
-        // In arrival order: their records are then written, and terraform started, in that order.
-        ready.sort();
         for (id, deadline) in ready {
             // An earlier one may have started a recovery in the same directory: checked again.
             self.check_lock(id, deadline, records, now, acts);
@@ -491,7 +488,7 @@ impl Runs {
         now: Instant,
         acts: &mut Vec<Action>,
     ) {
-        let mut expired: Vec<(RunId, Instant)> = self
+        let expired: Vec<(RunId, Instant)> = self
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
@@ -503,7 +500,6 @@ impl Runs {
                 _ => None,
             })
             .collect();
-        expired.sort();
         for (id, deadline) in expired {
             if let Some(run) = self.table.get(&id) {
                 tracing::warn!(

@@ -16,7 +16,7 @@ mod life;
 pub(super) use cancel::CancelTarget;
 pub(super) use ending::Force;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -37,7 +37,9 @@ pub(super) const LINGER: Duration = Duration::from_secs(2);
 /// Every run, by id.
 #[derive(Debug)]
 pub(super) struct Runs {
-    table: HashMap<RunId, Run>,
+    /// Ordered by id, which is arrival order: every walk over the runs (the queue, the runs that
+    /// waited for the store, refusals, status, a directory's cancel) goes oldest first.
+    table: BTreeMap<RunId, Run>,
     /// The id of the next run.
     next: RunId,
     /// TFINIT_RECORD_TIMEOUT: how long a state-locking run waits for the store at most.
@@ -57,7 +59,7 @@ impl Runs {
         max_runs: Option<NonZeroUsize>,
     ) -> Runs {
         Runs {
-            table: HashMap::new(),
+            table: BTreeMap::new(),
             next: RunId::FIRST,
             record_timeout,
             stop_timeout,
@@ -99,13 +101,7 @@ impl Runs {
 
     /// The `tfinit status` entries, oldest first.
     pub(super) fn statuses(&self) -> Vec<RunStatus> {
-        let mut runs: Vec<_> = self.table.values().map(Run::status).collect();
-        runs.sort_by(|a, b| {
-            a.started_unix
-                .partial_cmp(&b.started_unix)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        runs
+        self.table.values().map(Run::status).collect()
     }
 
     /// When a run's timer is due next: an abandoned run's SIGKILL, the end of a wait for the
@@ -265,11 +261,7 @@ impl Runs {
         if self.in_flight() >= max.get() {
             return None;
         }
-        self.table
-            .values()
-            .filter(|r| r.queued())
-            .map(|r| r.job.id)
-            .min()
+        self.table.values().find(|r| r.queued()).map(|r| r.job.id)
     }
 
     /// Whether a run asked now must wait in the queue: a cap is set and reached, or others wait

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
-use crate::locks::names::valid_run_id;
+use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::store::FileStore;
@@ -166,7 +166,7 @@ pub fn resume() -> i32 {
 /// 1 when nothing was (no such run, the init is shutting down, a client of another uid), 2 for a
 /// malformed id, 3 without an init.
 pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool) -> i32 {
-    if let Some(id) = run.filter(|id| !valid_run_id(id)) {
+    if let Some(id) = run.filter(|id| RunId::parse(id).is_none()) {
         eprintln!(
             "tfinit: {id:?} is not a run id: ids look like r7, as `tfinit status` shows them"
         );

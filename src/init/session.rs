@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::runs::{CancelTarget, Force};
-use crate::locks::names::{valid_run_id, RunId};
+use crate::locks::names::RunId;
 use crate::protocol::{
     self, CancelRequest, Decoder, Envelope, Kind, Request, RunRequest, SignalNote,
 };
@@ -241,14 +241,9 @@ fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
 /// Which runs a cancel names: a run id as the init writes them, or an absolute directory.
 fn cancel_target(c: &CancelRequest) -> Result<CancelTarget, String> {
     match (&c.run, &c.workdir) {
-        (Some(id), None) => id
-            .strip_prefix('r')
-            .filter(|_| valid_run_id(id))
-            .and_then(|n| n.parse::<u64>().ok())
-            .map(|n| CancelTarget::Run(RunId::from(n)))
-            .ok_or_else(|| {
-                format!("{id:?} is not a run id: ids look like r7, as `tfinit status` shows them")
-            }),
+        (Some(id), None) => RunId::parse(id).map(CancelTarget::Run).ok_or_else(|| {
+            format!("{id:?} is not a run id: ids look like r7, as `tfinit status` shows them")
+        }),
         (None, Some(dir)) if Path::new(dir).is_absolute() => {
             Ok(CancelTarget::Workdir(normal_dir(Path::new(dir))))
         }

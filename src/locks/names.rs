@@ -23,6 +23,12 @@ impl RunId {
     pub fn number(self) -> u64 {
         self.0
     }
+
+    /// The id `s` writes (`r7`), when it is one this init could have given (a u64).
+    pub fn parse(s: &str) -> Option<RunId> {
+        let n = s.strip_prefix('r').filter(|_| valid_run_id(s))?;
+        n.parse().ok().map(RunId)
+    }
 }
 
 impl From<u64> for RunId {
@@ -129,6 +135,14 @@ mod tests {
             "ordered by number, not by text"
         );
         assert!(valid_run_id(&RunId::from(u64::MAX).to_string()));
+        assert_eq!(RunId::parse("r7"), Some(r7));
+        assert_eq!(
+            RunId::parse(&format!("r{}", u64::MAX)),
+            Some(RunId::from(u64::MAX))
+        );
+        for bad in ["7", "r", "R7", "r-1", "r7 ", "r99999999999999999999"] {
+            assert_eq!(RunId::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -432,6 +432,9 @@ pub struct Book {
     host: String,
     passwd_user: Option<String>,
     table: Option<Table>,
+    /// Records of the last table whose lock needs a person (counted when a table comes in, not
+    /// at every look: the loop reads it after each wake-up, and a table may hold thousands).
+    needing_person: usize,
     /// Our own end-markings and removals since they became durable, by record id (Some: the
     /// ended record; None: removed): they count until a table scanned after them arrives.
     own: HashMap<PathBuf, (Instant, Option<Entry>)>,
@@ -495,6 +498,7 @@ impl Book {
             host,
             passwd_user: None,
             table: None,
+            needing_person: 0,
             own: HashMap::new(),
             recovered: HashMap::new(),
             heartbeat_ok: None,
@@ -739,7 +743,7 @@ impl Book {
         ev: &mut Vec<Event>,
     ) {
         self.passwd_user = passwd_user;
-        self.table = table;
+        self.set_table(table);
         let shadowed = self.shadowed_dirs();
         if shadowed != self.shadowed {
             if !shadowed.is_empty() {
@@ -873,6 +877,16 @@ impl Book {
         self.own.insert(path, (now, entry));
     }
 
+    /// The last table of records, and what is counted of it.
+    fn set_table(&mut self, table: Option<Table>) {
+        self.needing_person = table
+            .iter()
+            .flat_map(|t| &t.records)
+            .filter(|e| e.facts.needs_person_by.is_some())
+            .count();
+        self.table = table;
+    }
+
     /// Takes in a scan: the records, and what it read of each incarnation's heartbeat.
     fn take_table(&mut self, t: Table, ev: &mut Vec<Event>) {
         for b in &t.beats {
@@ -898,7 +912,7 @@ impl Book {
         }
         self.gone.clone_from(&t.gone);
         self.held.clone_from(&t.held);
-        self.table = Some(t);
+        self.set_table(Some(t));
     }
 
     /// A write succeeded: the volume answers.
@@ -1102,10 +1116,7 @@ impl Book {
         View {
             state,
             heartbeat_age: self.heartbeat_age(now),
-            needing_person: self
-                .entries()
-                .filter(|e| e.facts.needs_person_by.is_some())
-                .count(),
+            needing_person: self.needing_person,
         }
     }
 
@@ -1393,6 +1404,21 @@ mod tests {
             Launch::Yes,
             "an open store records and fences"
         );
+    }
+
+    #[test]
+    fn the_view_counts_the_records_that_need_a_person_as_the_last_table_had_them() {
+        let t = Instant::now();
+        let mut b = book(t);
+        assert_eq!(b.view(t).needing_person, 0);
+        let mut waiting = entry("/state/records/1.json", "/tf/x", other("pod-b", T0), T0);
+        waiting.facts.needs_person_by = Some("pod-c incarnation".into());
+        let plain = entry("/state/records/2.json", "/tf/y", other("pod-b", T0), T0);
+        b.on_completion(opened(t, table(t, vec![waiting, plain.clone()], vec![])), t);
+        assert_eq!(b.view(t).needing_person, 1);
+        // A person released it: the next scan no longer has it.
+        b.on_completion(Completion::Table(table(t, vec![plain], vec![])), t);
+        assert_eq!(b.view(t).needing_person, 0);
     }
 
     #[test]

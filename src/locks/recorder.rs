@@ -693,23 +693,15 @@ impl Worker {
         }
     }
 
+    /// The records ([`Worker::listed`]), one timed read of the heartbeat of each other
+    /// incarnation that has records, and the kernel's word on those of this boot.
     fn scan(&self) -> Table {
-        let scanned = Instant::now();
-        let mut records = Vec::new();
+        let mut table = self.listed();
         let mut owners: Vec<Owner> = Vec::new();
-        for f in self.store.list() {
-            let Found::Record(path, rec) = f else {
-                continue;
-            };
-            if !owners.iter().any(|o| o.same_incarnation(&rec.owner)) {
-                owners.push(rec.owner.clone());
+        for e in &table.records {
+            if !owners.iter().any(|o| o.same_incarnation(&e.facts.owner)) {
+                owners.push(e.facts.owner.clone());
             }
-            records.push(Entry {
-                path,
-                workdir: PathBuf::from(&rec.workdir),
-                who: rec.who.clone(),
-                facts: Facts::of(&rec),
-            });
         }
         let mut beats = Vec::new();
         let mut gone = Vec::new();
@@ -756,13 +748,10 @@ impl Worker {
                 done,
             });
         }
-        Table {
-            scanned,
-            records,
-            beats,
-            gone,
-            held,
-        }
+        table.beats = beats;
+        table.gone = gone;
+        table.held = held;
+        table
     }
 
     fn run(&mut self, job: Job, queue: &mut Queue, out: &Outbox) {

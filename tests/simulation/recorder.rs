@@ -296,20 +296,12 @@ async fn heartbeat_now(sim: &Sim, inc: usize, wake: bool) -> bool {
 /// kernel's proof for those of this boot, and the other incarnations of our own name.
 async fn scan(sim: &Sim, inc: usize) -> Table {
     let (node, me) = sim.with(|w| (w.incs[inc].node, w.incs[inc].owner.clone()));
-    let scanned = sim.with(|w| w.mono(node));
-    let found = list(sim, node).await;
-    let mut records = Vec::new();
+    let mut table = listed(sim, inc).await;
     let mut owners: Vec<Owner> = Vec::new();
-    for (id, rec) in &found {
-        if !owners.iter().any(|o| o.same_incarnation(&rec.owner)) {
-            owners.push(rec.owner.clone());
+    for e in &table.records {
+        if !owners.iter().any(|o| o.same_incarnation(&e.facts.owner)) {
+            owners.push(e.facts.owner.clone());
         }
-        records.push(Entry {
-            path: record_path(*id),
-            workdir: PathBuf::from(&rec.workdir),
-            who: rec.who.clone(),
-            facts: Facts::of(rec),
-        });
     }
     // One read of each other incarnation's heartbeat, one after the other, then one read of
     // every heartbeat of our own name: each with its own start, end and moment, looked up in
@@ -375,13 +367,10 @@ async fn scan(sim: &Sim, inc: usize) -> Table {
             });
         }
     });
-    Table {
-        scanned,
-        records,
-        beats,
-        gone,
-        held,
-    }
+    table.beats = beats;
+    table.gone = gone;
+    table.held = held;
+    table
 }
 
 /// The old scan: records, and the heartbeat file of each records' owner name.

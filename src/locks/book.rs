@@ -304,11 +304,7 @@ impl Notice {
                  or set TFINIT_STATE_DIR to one (state_dir {dir}: {error})"
             ),
             Notice::Shadowed { dir, workdirs } => {
-                let mut dirs = String::new();
-                for (i, d) in workdirs.iter().enumerate() {
-                    dirs += if i == 0 { "" } else { ", " };
-                    dirs += &d.display().to_string();
-                }
+                let dirs = list(workdirs.iter().map(|d| d.display()));
                 format!(
                     "TFINIT_STATE_DIR ({dir}) cannot be written but holds lock-owner records of earlier runs with this pod's \
                      hostname in their lock's Who, in {dirs}: state-locking runs there are refused (exit code 75) until the \
@@ -388,12 +384,12 @@ impl Notice {
     }
 }
 
-/// `r1, r2`.
-fn list(runs: &[RunId]) -> String {
+/// `items` separated by commas (runs, directories), for a log line.
+fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     let mut out = String::new();
-    for (i, run) in runs.iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         let sep = if i == 0 { "" } else { ", " };
-        out += &format!("{sep}{run}");
+        out += &format!("{sep}{item}");
     }
     out
 }

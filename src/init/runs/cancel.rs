@@ -112,12 +112,10 @@ impl Runs {
                 // Its lock recovery helper may be releasing a dead owner's lock: it is left to
                 // finish (SIGKILLed after TFINIT_STOP_TIMEOUT, or now with --force), and the run
                 // ends with it, terraform never started (as when its shim leaves).
-                if let Some(run) = self.table.get_mut(&id) {
-                    if let Some(conn) = run.job.conn.take() {
-                        acts.push(Refusal::Cancelled.answer(conn, Some(id)));
-                    }
-                    run.arm_kill(now + self.stop_timeout);
+                if let Some(conn) = self.table.get_mut(&id).and_then(|r| r.job.conn.take()) {
+                    acts.push(Refusal::Cancelled.answer(conn, Some(id)));
                 }
+                self.arm_kill(id, now);
                 if force == Force::Kill {
                     self.stop(id, Force::Kill, "tfinit cancel --force", acts);
                 }

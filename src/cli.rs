@@ -97,6 +97,12 @@ pub struct InitArgs {
     #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION", value_parser = text())]
     pub owner_ttl: Option<String>,
 
+    /// The longest TFINIT_OWNER_TTL older tfinits (record format 3 or older, whose heartbeats do
+    /// not say their TTL) ran with: their owners are judged by it. Default: a year (the longest
+    /// TTL tfinit accepts), so their dead runs' locks wait for a person or for this setting.
+    #[arg(long, env = "TFINIT_OLDER_OWNER_TTL", value_name = "DURATION", value_parser = text())]
+    pub older_owner_ttl: Option<String>,
+
     /// How long a state-locking run waits for its lock-owner record to be written. Default 30s.
     #[arg(long, env = "TFINIT_RECORD_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub record_timeout: Option<String>,

@@ -71,6 +71,9 @@ pub struct InitConfig {
     pub owner: String,
     /// Heartbeat age after which an owner is dead.
     pub owner_ttl: Duration,
+    /// TFINIT_OLDER_OWNER_TTL: what an owner whose heartbeat states no TTL (a tfinit before
+    /// record format 4) is judged by.
+    pub older_owner_ttl: Duration,
     /// How long a state-locking run waits in `recording` for its record (and the store to open).
     pub record_timeout: Duration,
     /// Whether stale locks of dead owners are released automatically.
@@ -347,6 +350,7 @@ impl InitConfig {
         )?;
         let owner = owner(&n, args)?;
         let (owner_ttl, record_timeout) = record_timers(&n, args)?;
+        let older_owner_ttl = older_owner_ttl(&n, args)?;
         let unlock = given(&args.force_unlock);
         let force_unlock =
             [true, false][n.choice("force_unlock", unlock, &["auto", "off"], "auto")?];
@@ -369,6 +373,7 @@ impl InitConfig {
             state_dir,
             owner,
             owner_ttl,
+            older_owner_ttl,
             record_timeout,
             force_unlock,
             metrics_addr,
@@ -491,6 +496,26 @@ fn record_timers(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration), Con
         ttl.unwrap_or(DEFAULT_OWNER_TTL),
         record_timeout.unwrap_or(DEFAULT_RECORD_TIMEOUT),
     ))
+}
+
+/// TFINIT_OLDER_OWNER_TTL: at least 1 s, like any TTL; by default the longest TTL tfinit accepts,
+/// so that an owner that states no TTL is never judged by less than the one it ran with.
+fn older_owner_ttl(n: &Namer, args: &InitArgs) -> Result<Duration, ConfigError> {
+    let ttl = n.parse(
+        "older_owner_ttl",
+        given(&args.older_owner_ttl),
+        "30s",
+        |v| {
+            let ttl = parse_duration(v)?;
+            if ttl < Duration::from_secs(1) {
+                return Err(
+                    "must be at least 1s (the shortest TFINIT_OWNER_TTL tfinit accepts)".into(),
+                );
+            }
+            Ok(ttl)
+        },
+    )?;
+    Ok(ttl.unwrap_or(crate::locks::liveness::LONGEST_TTL))
 }
 
 /// TFINIT_MAX_RUNS: a whole number of runs, at least 1 (unset means no limit, so 0 would only be

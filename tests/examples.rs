@@ -233,6 +233,7 @@ fn check_workload(
         state_dir: value("TFINIT_STATE_DIR").map(PathBuf::from),
         owner: value("TFINIT_OWNER"),
         owner_ttl: value("TFINIT_OWNER_TTL"),
+        older_owner_ttl: value("TFINIT_OLDER_OWNER_TTL"),
         record_timeout: value("TFINIT_RECORD_TIMEOUT"),
         force_unlock: value("TFINIT_FORCE_UNLOCK"),
         metrics_addr: value("TFINIT_METRICS_ADDR"),

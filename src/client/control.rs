@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
+use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
@@ -291,6 +292,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         store: Box::new(store),
         me,
         ttl: cfg.owner_ttl,
+        older_ttl: cfg.older_owner_ttl,
         terraform,
         dry_run,
         live: Vec::new(),
@@ -322,6 +324,7 @@ fn recover_settings(
         state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
         owner: std::env::var("TFINIT_OWNER").ok(),
         owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
+        older_owner_ttl: std::env::var("TFINIT_OLDER_OWNER_TTL").ok(),
         ..Default::default()
     };
     let cfg = config::InitConfig::from_args(&args, None).map_err(|e| e.to_string())?;
@@ -421,54 +424,29 @@ fn removed(dry_run: bool) -> &'static str {
 /// The init's hidden recovery helper for one working directory (see `locks::recover`).
 pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
     crate::logging::init_client_at(tracing::Level::INFO);
-    let mut workdir = None;
-    let mut terraform = None;
-    let mut state_dir = None;
-    let mut owner = None;
-    let mut ttl_ms = None;
-    let mut live = Vec::new();
-    let mut seen = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let v = it.next().cloned();
-        match a.to_str() {
-            Some("--workdir") => workdir = v,
-            Some("--terraform") => terraform = v,
-            Some("--state-dir") => state_dir = v,
-            Some("--owner-json") => {
-                owner = v.and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
-            }
-            Some("--ttl-ms") => ttl_ms = v.and_then(|s| s.to_string_lossy().parse::<u64>().ok()),
-            Some("--live-json") => {
-                live = v
-                    .and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
-                    .unwrap_or_default()
-            }
-            Some("--seen-json") => {
-                seen = v
-                    .and_then(|s| serde_json::from_str(&s.to_string_lossy()).ok())
-                    .unwrap_or_default()
-            }
-            _ => {}
+    // Fail closed: without exactly what the init wrote, nothing is touched.
+    let args = match RecoverArgs::from_argv(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "tfinit: {} is internal to tfinit (the init starts it before a state-locking run): {e}; no lock was touched",
+                recover::HIDDEN_SUBCOMMAND
+            );
+            return 2;
         }
-    }
-    let (Some(workdir), Some(terraform), Some(state_dir), Some(me), Some(ttl_ms)) =
-        (workdir, terraform, state_dir, owner, ttl_ms)
-    else {
-        eprintln!("tfinit: {} is internal to tfinit and needs --workdir --terraform --state-dir --owner-json --ttl-ms", recover::HIDDEN_SUBCOMMAND);
-        return 2;
     };
     let recovery = Recovery {
-        store: Box::new(FileStore::new(std::path::Path::new(&state_dir))),
-        me,
-        ttl: Duration::from_millis(ttl_ms),
-        terraform: terraform.into(),
+        store: Box::new(FileStore::new(&args.state_dir)),
+        me: args.owner.clone(),
+        ttl: args.ttl(),
+        older_ttl: args.older_ttl(),
+        terraform: args.terraform.clone(),
         dry_run: false,
-        live,
+        live: args.live,
         automatic: true,
-        seen,
+        seen: args.seen,
     };
-    let results = match recovery.run(Some(std::path::Path::new(&workdir))) {
+    let results = match recovery.run(Some(&args.workdir)) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("{e}; terraform starts without the lock check");

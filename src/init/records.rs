@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use super::action::Refusal;
 use super::spawn::RecoveryArgs;
 use crate::config::InitConfig;
-use crate::locks::book::{Book, Event, Launch, RecordStatus, Start, View};
-use crate::locks::liveness::monotonic_ns;
+use crate::locks::book::{Book, Event, Launch, NewRun, RecordStatus, Start, View};
+use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner, Record};
 use crate::locks::recorder::{Completion, Recorder, Request};
@@ -68,6 +68,8 @@ pub(super) struct Records {
     incarnation_lock: Option<Arc<OwnedFd>>,
     state_dir: PathBuf,
     ttl: Duration,
+    /// TFINIT_OLDER_OWNER_TTL.
+    older_ttl: Duration,
 }
 
 impl Records {
@@ -80,7 +82,7 @@ impl Records {
         let book = Book::new(
             &cfg.state_dir,
             me.clone(),
-            cfg.owner_ttl,
+            Observer::new(cfg.owner_ttl, cfg.older_owner_ttl),
             cfg.record_timeout,
             cfg.force_unlock,
             crate::sys::hostname(),
@@ -93,6 +95,7 @@ impl Records {
             incarnation_lock: None,
             state_dir: cfg.state_dir.clone(),
             ttl: cfg.owner_ttl,
+            older_ttl: cfg.older_owner_ttl,
         };
         match started {
             Ok(r) => records.recorder = Some(r),
@@ -218,6 +221,7 @@ impl Records {
             workdir: workdir.to_path_buf(),
             owner: self.book.owner().clone(),
             ttl: self.ttl,
+            older_ttl: self.older_ttl,
             live: self.book.live_runs(),
             seen: self.book.observations(monotonic_ns),
         };
@@ -239,16 +243,23 @@ impl Records {
         now: Instant,
         deadline: Option<Instant>,
     ) -> Option<Request> {
-        let start = self
-            .book
-            .begin(s.run, s.workdir, s.workspace, s.env, now, deadline);
+        let now_ms = record::now_ms();
+        let new = NewRun {
+            run: s.run,
+            workdir: s.workdir,
+            workspace: s.workspace,
+            subcommand: s.subcommand,
+            argv: s.argv,
+            env: s.env,
+            started_ms: now_ms,
+        };
+        let start = self.book.begin(&new, now, deadline);
         if let Start::Unrecorded(notice) = start {
             if let Some(n) = notice {
                 n.log();
             }
             return None;
         }
-        let now_ms = record::now_ms();
         let rec = Record {
             v: record::FORMAT,
             owner: self.book.owner().clone(),
@@ -265,6 +276,9 @@ impl Records {
             updated_ms: now_ms,
             ended: None,
             needs_person: None,
+            ttl_ms: Some(self.ttl.as_millis() as u64),
+            data_dir: crate::protocol::env_value(s.env, "TF_DATA_DIR")
+                .map(|d| s.workdir.join(d).to_string_lossy().into_owned()),
         };
         Some(Request::Create {
             run: s.run,
@@ -346,6 +360,7 @@ impl Records {
             incarnation_lock: None,
             state_dir: PathBuf::from("/state"),
             ttl: Duration::from_secs(30),
+            older_ttl: crate::locks::liveness::LONGEST_TTL,
         }
     }
 
@@ -365,7 +380,7 @@ mod tests {
         let book = Book::new(
             Path::new("/state"),
             me,
-            Duration::from_secs(30),
+            Observer::new(Duration::from_secs(30), crate::locks::liveness::LONGEST_TTL),
             Duration::from_secs(10),
             true,
             "pod-a".into(),

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use nix::unistd::Pid;
 
 use crate::locks::book::LiveRun;
+use crate::locks::handoff::{self, RecoverArgs};
 use crate::locks::liveness::Seen;
 use crate::locks::record::Owner;
 use crate::protocol::RunRequest;
@@ -168,6 +169,8 @@ pub(super) struct RecoveryArgs {
     pub(super) owner: Owner,
     /// TFINIT_OWNER_TTL.
     pub(super) ttl: std::time::Duration,
+    /// TFINIT_OLDER_OWNER_TTL.
+    pub(super) older_ttl: std::time::Duration,
     /// The init's live state-locking runs, recorded or not: a lock with one's Who is left alone.
     pub(super) live: Vec<LiveRun>,
     /// What the init has seen of other incarnations' heartbeats (CLOCK_MONOTONIC times).
@@ -185,26 +188,22 @@ pub(super) fn recovery(
 ) -> io::Result<Pid> {
     // As for terraform's lock file: a duplicate without close-on-exec for this spawn only.
     let inherited = report_to.map(nix::unistd::dup).transpose()?;
-    let owner_json = serde_json::to_string(&args.owner).map_err(io::Error::other)?;
-    let live_json = serde_json::to_string(&args.live).map_err(io::Error::other)?;
-    let seen_json = serde_json::to_string(&args.seen).map_err(io::Error::other)?;
+    let handoff = RecoverArgs {
+        v: handoff::VERSION,
+        workdir: args.workdir.clone(),
+        terraform: req.program.clone().into(),
+        state_dir: args.state_dir.clone(),
+        owner: args.owner.clone(),
+        ttl_ms: args.ttl.as_millis() as u64,
+        older_ttl_ms: args.older_ttl.as_millis() as u64,
+        live: args.live.clone(),
+        seen: args.seen.clone(),
+    };
+    let argv = handoff.to_argv().map_err(io::Error::other)?;
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("tfinit");
     cmd.arg(crate::locks::recover::HIDDEN_SUBCOMMAND)
-        .arg("--workdir")
-        .arg(&args.workdir)
-        .arg("--terraform")
-        .arg(&req.program)
-        .arg("--state-dir")
-        .arg(&args.state_dir)
-        .arg("--owner-json")
-        .arg(owner_json)
-        .arg("--ttl-ms")
-        .arg(args.ttl.as_millis().to_string())
-        .arg("--live-json")
-        .arg(live_json)
-        .arg("--seen-json")
-        .arg(seen_json)
+        .args(argv)
         .current_dir(&req.cwd)
         .env_clear()
         .stdin(Stdio::null())

@@ -122,15 +122,46 @@ pub enum FenceStage {
     Killing,
 }
 
-/// A live state-locking run, as the recovery helper counts it.
+/// A live state-locking run, as the recovery helper counts it: a possible holder of any lock
+/// with its `Who` on a state it may lock (locks::state), created after it started.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LiveRun {
-    /// Where terraform works.
+    /// Where terraform works (the text it was started with: the helper resolves it).
     pub workdir: PathBuf,
     /// Its workspace.
     pub workspace: String,
     /// The `Who` its lock carries.
     pub who: String,
+    /// Its TF_DATA_DIR, absolute, when it set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// When it started, ms since the epoch by this node's clock (the clock its lock's Created
+    /// is stamped by).
+    pub started_ms: u64,
+    /// Why the state it locks cannot be read from its data directory, when it cannot
+    /// ([`super::state::unsure_reason`]): it may then hold the lock of any state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsure: Option<String>,
+}
+
+/// A new state-locking run, as the book registers it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRun<'a> {
+    /// The run.
+    pub run: RunId,
+    /// Where terraform works (cwd + -chdir, as text).
+    pub workdir: &'a Path,
+    /// The workspace whose state it locks.
+    pub workspace: &'a str,
+    /// The terraform subcommand.
+    pub subcommand: &'a str,
+    /// argv, redacted.
+    pub argv: &'a [String],
+    /// Its environment: $USER and $HOME make the lock's Who without a passwd entry; TF_DATA_DIR
+    /// and TF_CLI_ARGS say where its backend settings are.
+    pub env: &'a [String],
+    /// When it starts, ms since the epoch (this node's wall clock).
+    pub started_ms: u64,
 }
 
 /// The records part of `tfinit status`.
@@ -402,6 +433,12 @@ struct Run {
     /// $USER and $HOME from its environment (they make the Who when passwd has no entry).
     user_env: Vec<String>,
     record: RecordStatus,
+    /// [`LiveRun::data_dir`].
+    data_dir: Option<PathBuf>,
+    /// [`LiveRun::started_ms`].
+    started_ms: u64,
+    /// [`LiveRun::unsure`].
+    unsure: Option<String>,
 }
 
 /// An end-marking or removal queued or in flight.
@@ -474,11 +511,12 @@ pub enum Launch {
 }
 
 impl Book {
-    /// A book for owner `me` with the store at `dir` being opened since `now`.
+    /// A book for owner `me` with the store at `dir` being opened since `now`; `observer` judges
+    /// other incarnations (its own TTL is this owner's TFINIT_OWNER_TTL).
     pub fn new(
         dir: &Path,
         me: Owner,
-        ttl: Duration,
+        observer: Observer,
         record_timeout: Duration,
         auto_unlock: bool,
         host: String,
@@ -488,7 +526,7 @@ impl Book {
             state: StoreState::Opening { since: now },
             dir: dir.display().to_string(),
             me,
-            ttl,
+            ttl: observer.ttl(),
             record_timeout,
             auto_unlock,
             host,
@@ -499,7 +537,7 @@ impl Book {
             recovered: HashMap::new(),
             heartbeat_ok: None,
             stale_reported: false,
-            observer: Observer::new(ttl),
+            observer,
             gone: Vec::new(),
             held: Vec::new(),
             shared_reported: false,
@@ -534,17 +572,11 @@ impl Book {
     /// `deadline` at the latest, or TFINIT_RECORD_TIMEOUT from `now` when None. A run that has
     /// waited for the store already (for its directory's end-markings, or for the store to open)
     /// passes the deadline of its first wait, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
-    pub fn begin(
-        &mut self,
-        run: RunId,
-        workdir: &Path,
-        workspace: &str,
-        env: &[String],
-        now: Instant,
-        deadline: Option<Instant>,
-    ) -> Start {
+    pub fn begin(&mut self, new: &NewRun<'_>, now: Instant, deadline: Option<Instant>) -> Start {
+        let run = new.run;
         let deadline = deadline.unwrap_or(now + self.record_timeout);
-        let user_env = env
+        let user_env = new
+            .env
             .iter()
             .filter(|kv| kv.starts_with("USER=") || kv.starts_with("HOME="))
             .cloned()
@@ -589,13 +621,19 @@ impl Book {
                 (Start::Unrecorded(None), RecordStatus::Unrecorded)
             }
         };
+        let data_dir = crate::protocol::env_value(new.env, "TF_DATA_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|d| new.workdir.join(d));
         self.runs.insert(
             run,
             Run {
-                workdir: workdir.to_path_buf(),
-                workspace: workspace.to_string(),
+                workdir: new.workdir.to_path_buf(),
+                workspace: new.workspace.to_string(),
                 user_env,
                 record,
+                data_dir,
+                started_ms: new.started_ms,
+                unsure: super::state::unsure_reason(new.subcommand, new.argv, new.env),
             },
         );
         start
@@ -868,6 +906,7 @@ impl Book {
                 updated_ms: ended.ms,
                 ended: Some(ended),
                 needs_person_by: None,
+                ttl: Some(self.ttl),
             },
         });
         self.own.insert(path, (now, entry));
@@ -891,6 +930,10 @@ impl Book {
         }
         let keys: Vec<String> = t.beats.iter().map(|b| b.owner.key()).collect();
         self.observer.retain(|k| keys.iter().any(|x| x == k));
+        // A record states its owner's TTL too: what it is judged by while its heartbeat is missing.
+        for e in &t.records {
+            self.observer.stated(&e.facts.owner.key(), e.facts.ttl);
+        }
         if !self.shared_reported {
             let twin = t.beats.iter().find(|b| {
                 b.owner.name == self.me.name
@@ -1238,6 +1281,9 @@ impl Book {
                 workdir: r.workdir.clone(),
                 workspace: r.workspace.clone(),
                 who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
+                data_dir: r.data_dir.clone(),
+                started_ms: r.started_ms,
+                unsure: r.unsure.clone(),
             })
             .collect();
         out.sort_by(|a, b| (&a.workdir, &a.workspace).cmp(&(&b.workdir, &b.workspace)));
@@ -1253,6 +1299,24 @@ mod tests {
     use crate::locks::recorder::Beat;
 
     const TTL: Duration = Duration::from_secs(30);
+
+    /// A state-locking `apply` of `run` in `workdir`, started at T0.
+    fn new_run<'a>(
+        run: RunId,
+        workdir: &'a Path,
+        workspace: &'a str,
+        env: &'a [String],
+    ) -> NewRun<'a> {
+        NewRun {
+            run,
+            workdir,
+            workspace,
+            subcommand: "apply",
+            argv: &[],
+            env,
+            started_ms: T0,
+        }
+    }
     const TIMEOUT: Duration = Duration::from_secs(10);
     const T0: u64 = 1_800_000_000_000;
 
@@ -1260,7 +1324,7 @@ mod tests {
         Book::new(
             Path::new("/state"),
             me(),
-            TTL,
+            Observer::new(TTL, crate::locks::liveness::LONGEST_TTL),
             TIMEOUT,
             true,
             "pod-a".into(),
@@ -1320,6 +1384,7 @@ mod tests {
                 updated_ms,
                 ended: None,
                 needs_person_by: None,
+                ttl: Some(TTL),
             },
         }
     }
@@ -1369,7 +1434,7 @@ mod tests {
         );
         let (x, y) = (RunId::from(1), RunId::from(2));
         begin(&mut b, x, t);
-        b.begin(y, Path::new("/tf/y"), "default", &[], t, None);
+        b.begin(&new_run(y, Path::new("/tf/y"), "default", &[]), t, None);
         assert_eq!(
             b.may_launch(x),
             Launch::Shadowed,
@@ -1440,7 +1505,7 @@ mod tests {
     }
 
     fn begin(b: &mut Book, run: RunId, now: Instant) -> Start {
-        b.begin(run, Path::new("/tf/x"), "default", &[], now, None)
+        b.begin(&new_run(run, Path::new("/tf/x"), "default", &[]), now, None)
     }
 
     /// Begins run `run` in /tf/x and lands its record as `path`.
@@ -1686,6 +1751,8 @@ mod tests {
             updated_ms,
             holds_lock: true,
             host: String::new(),
+            ttl_ms: Some(30_000),
+            lock_file: None,
         }
     }
 
@@ -1931,8 +1998,16 @@ mod tests {
             "HOME=/home/bob".to_string(),
             "X=1".to_string(),
         ];
-        b.begin(RunId::from(1), Path::new("/tf/x"), "staging", &env, t, None);
-        b.begin(RunId::from(2), Path::new("/tf/y"), "default", &[], t, None);
+        b.begin(
+            &new_run(RunId::from(1), Path::new("/tf/x"), "staging", &env),
+            t,
+            None,
+        );
+        b.begin(
+            &new_run(RunId::from(2), Path::new("/tf/y"), "default", &[]),
+            t,
+            None,
+        );
         let who: Vec<String> = b.live_runs().into_iter().map(|r| r.who).collect();
         assert_eq!(who, ["bob@pod-a", "@pod-a"]);
         b.on_completion(
@@ -1957,7 +2032,7 @@ mod tests {
         let mut b = open_book(now);
         let wd = Path::new("/tf/a");
         assert!(matches!(
-            b.begin(RunId::from(1), wd, "default", &[], now, None),
+            b.begin(&new_run(RunId::from(1), wd, "default", &[]), now, None),
             Start::Record { .. }
         ));
         b.on_completion(

@@ -8,6 +8,13 @@
 //! client-go leader election's rule (it keeps `observedTime` and never reads the holder's
 //! `renewTime` against its own clock).
 //!
+//! The TTL is the owner's, as its heartbeat (or, when that is missing, its record) states it, or
+//! the observer's own when that is longer: the owner's fence counts by its own TTL, so an observer
+//! with a shorter one would call a healthy owner dead between two of its beats (client-go judges
+//! a Lease by the `leaseDurationSeconds` its holder wrote, kubernetes PR #114872). An owner that
+//! states none (a tfinit before record format 4) is judged by [`Observer::older`]: the longest TTL
+//! tfinit accepts unless a person says less (`TFINIT_OLDER_OWNER_TTL`).
+//!
 //! What makes the rule safe is the owner's side of the bargain ([`Fence`]): an owner whose last
 //! heartbeat write that succeeded started at `w` has stopped every run with a record before
 //! `w + TTL - TTL/10` unless a newer beat landed, and it writes a record only while its last beat
@@ -35,6 +42,10 @@ pub struct Token {
     pub seq: u64,
     /// Its wall-clock stamp, compared only for equality.
     pub updated_ms: u64,
+    /// The owner's TTL it states, ms (None before record format 4). Constant for an
+    /// incarnation, so it never makes a change by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
 impl Token {
@@ -43,6 +54,7 @@ impl Token {
         Token {
             seq: hb.seq,
             updated_ms: hb.updated_ms,
+            ttl_ms: hb.ttl_ms.filter(|ms| *ms > 0),
         }
     }
 }
@@ -84,8 +96,15 @@ pub type Key = String;
 #[derive(Debug, Clone)]
 pub struct Observer {
     ttl: Duration,
+    older: Duration,
     watches: HashMap<Key, Watch>,
+    /// The longest TTL each incarnation was seen to state (heartbeat or record).
+    stated: HashMap<Key, Duration>,
 }
+
+/// The longest TTL tfinit accepts (TFINIT_OWNER_TTL): what an owner that states no TTL of its own
+/// (a tfinit before record format 4) is judged by unless a person says less.
+pub const LONGEST_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// One watch, as the loop hands it to a recovery helper (a process on the same kernel, so the
 /// monotonic clock is the same one: `since_ns` is CLOCK_MONOTONIC).
@@ -101,14 +120,21 @@ pub struct Seen {
     pub last_read_ns: u64,
     /// Whether the content was seen to change.
     pub changed: bool,
+    /// The longest TTL the incarnation was seen to state, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stated_ttl_ms: Option<u64>,
 }
 
 impl Observer {
-    /// An observer for heartbeats refreshed every TTL/3 and judged dead after `ttl`.
-    pub fn new(ttl: Duration) -> Observer {
+    /// An observer whose own TTL is `ttl` (TFINIT_OWNER_TTL): it judges an owner by the longer
+    /// of that and the owner's own, and an owner that states none by the longer of `ttl` and
+    /// `older` (TFINIT_OLDER_OWNER_TTL, [`LONGEST_TTL`] by default).
+    pub fn new(ttl: Duration, older: Duration) -> Observer {
         Observer {
             ttl,
+            older,
             watches: HashMap::new(),
+            stated: HashMap::new(),
         }
     }
 
@@ -117,10 +143,38 @@ impl Observer {
         self.ttl
     }
 
+    /// What an owner that states no TTL is judged by (at least this observer's own TTL).
+    pub fn older(&self) -> Duration {
+        self.older.max(self.ttl)
+    }
+
+    /// `key` stated `ttl` as its owner's TTL (its record does; its heartbeat's tokens do by
+    /// themselves): the longest stated counts.
+    pub fn stated(&mut self, key: &str, ttl: Option<Duration>) {
+        if let Some(ttl) = ttl.filter(|t| !t.is_zero()) {
+            let e = self.stated.entry(key.to_string()).or_insert(ttl);
+            *e = (*e).max(ttl);
+        }
+    }
+
+    /// Whether `key`'s owner stated its TTL (else it is judged by [`Observer::older`]).
+    pub fn knows_ttl(&self, key: &str) -> bool {
+        self.stated.contains_key(key)
+    }
+
+    /// The TTL `key` is judged by: the longer of this observer's own and the owner's stated one,
+    /// or [`Observer::older`] when it stated none.
+    pub fn judging_ttl(&self, key: &str) -> Duration {
+        self.stated
+            .get(key)
+            .map_or(self.older(), |stated| (*stated).max(self.ttl))
+    }
+
     /// A read of `key`'s heartbeat that started at `started` and returned `token` at `done`.
     /// Reads may be fed out of order (a slow read finishing after a faster later one): a read
     /// older than the latest one is ignored.
     pub fn saw(&mut self, key: &str, token: Option<Token>, started: Instant, done: Instant) {
+        self.stated(key, token.and_then(|t| t.ttl_ms).map(Duration::from_millis));
         match self.watches.get_mut(key) {
             None => {
                 self.watches.insert(
@@ -148,9 +202,10 @@ impl Observer {
 
     /// What this observer can say of `key` at `now`.
     pub fn verdict(&self, key: &str, now: Instant) -> Verdict {
+        let ttl = self.judging_ttl(key);
         match self.watches.get(key) {
-            None => Verdict::Watching { left: self.ttl },
-            Some(w) => verdict_of(w, self.ttl, now),
+            None => Verdict::Watching { left: ttl },
+            Some(w) => verdict_of(w, ttl, now),
         }
     }
 
@@ -162,6 +217,7 @@ impl Observer {
     /// Forgets incarnations not in `keep` (their records are gone).
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.watches.retain(|k, _| keep(k));
+        self.stated.retain(|k, _| keep(k));
     }
 
     /// Every watch, for a recovery helper; `mono` turns an instant into CLOCK_MONOTONIC ns.
@@ -175,6 +231,7 @@ impl Observer {
                 since_ns: mono(w.since),
                 last_read_ns: mono(w.last_read),
                 changed: w.changed,
+                stated_ttl_ms: self.stated.get(k).map(|t| t.as_millis() as u64),
             })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
@@ -185,9 +242,16 @@ impl Observer {
     /// an instant of this process (a watch it cannot turn is dropped: it starts again).
     pub fn import(
         ttl: Duration,
+        older: Duration,
         seen: &[Seen],
         instant: impl Fn(u64) -> Option<Instant>,
     ) -> Observer {
+        let mut stated = HashMap::new();
+        for s in seen {
+            if let Some(ms) = s.stated_ttl_ms.filter(|ms| *ms > 0) {
+                stated.insert(s.key.clone(), Duration::from_millis(ms));
+            }
+        }
         let watches = seen
             .iter()
             .filter_map(|s| {
@@ -200,7 +264,12 @@ impl Observer {
                 Some((s.key.clone(), watch))
             })
             .collect();
-        Observer { ttl, watches }
+        Observer {
+            ttl,
+            older,
+            watches,
+            stated,
+        }
     }
 }
 
@@ -282,6 +351,8 @@ pub struct Facts {
     pub ended: Option<Ended>,
     /// The incarnation that reported the record as needing a person, if one did.
     pub needs_person_by: Option<String>,
+    /// The owner's TTL the record states (None before record format 4).
+    pub ttl: Option<Duration>,
 }
 
 impl Facts {
@@ -292,6 +363,7 @@ impl Facts {
             updated_ms: rec.updated_ms,
             ended: rec.ended.clone(),
             needs_person_by: rec.needs_person.as_ref().map(|n| n.reported_by.clone()),
+            ttl: rec.owner_ttl(),
         }
     }
 }
@@ -352,7 +424,8 @@ pub fn run_state(me: &Owner, rec: &Facts, kernel: Option<bool>, verdict: Verdict
 /// clock: a lock created later than this (plus clock skew) is not that run's. From the owner's
 /// own stamps only (the lock's Created is stamped by the same node): when the init saw terraform
 /// die, else the owner's last heartbeat or the record's last write, plus one TTL (it may have
-/// lived that long unseen). `hb` is that incarnation's heartbeat.
+/// lived that long unseen: `ttl` is the one the owner is judged by, [`Observer::judging_ttl`]).
+/// `hb` is that incarnation's heartbeat.
 pub fn last_alive_ms(rec: &Facts, hb: Option<&Heartbeat>, ttl: Duration) -> u64 {
     if let Some(end) = &rec.ended {
         return end.ms;
@@ -375,13 +448,14 @@ mod tests {
         Some(Token {
             seq,
             updated_ms: 1_000 * seq,
+            ttl_ms: Some(TTL.as_millis() as u64),
         })
     }
 
     #[test]
     fn an_unchanged_heartbeat_is_dead_only_after_a_read_a_full_ttl_later() {
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
         o.saw("a/1", tok(7), t, t);
         assert_eq!(o.verdict("a/1", t), Verdict::Watching { left: TTL });
         // A read at TTL - 1 ms is not enough, however late `now` is: only reads count.
@@ -397,7 +471,7 @@ mod tests {
     #[test]
     fn a_change_makes_it_alive_and_restarts_the_watch() {
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
         o.saw("a/1", tok(1), t, t);
         o.saw("a/1", tok(2), t + TTL / 3, t + TTL / 3);
         assert_eq!(o.verdict("a/1", t + TTL / 3), Verdict::Alive);
@@ -413,11 +487,12 @@ mod tests {
     fn a_heartbeat_stamp_from_a_clock_far_behind_does_not_matter() {
         // The owner's clock is 31 s behind: its stamps look old, but they change.
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
         for i in 0..10u64 {
             let token = Some(Token {
                 seq: i,
                 updated_ms: 1_000_000 - 31_000 + i * 10_000,
+                ttl_ms: Some(30_000),
             });
             let at = t + Duration::from_secs(10 * i);
             o.saw("b/1", token, at, at);
@@ -431,7 +506,7 @@ mod tests {
     #[test]
     fn a_read_that_started_before_a_later_one_is_ignored() {
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
         o.saw("a/1", tok(1), t, t);
         o.saw("a/1", tok(2), t + TTL, t + TTL);
         // A slow read that started at t + 1 s and saw the old beat finishes now.
@@ -442,7 +517,9 @@ mod tests {
     #[test]
     fn a_missing_heartbeat_is_watched_like_any_content() {
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
+        // Its record states the TTL (a missing heartbeat states none).
+        o.stated("a/1", Some(TTL));
         o.saw("a/1", None, t, t);
         assert!(matches!(o.verdict("a/1", t), Verdict::Watching { .. }));
         o.saw("a/1", None, t + TTL, t + TTL);
@@ -455,11 +532,13 @@ mod tests {
     #[test]
     fn watches_travel_to_a_helper_on_the_monotonic_clock() {
         let t = Instant::now();
-        let mut o = Observer::new(TTL);
+        let mut o = Observer::new(TTL, LONGEST_TTL);
         o.saw("a/1", tok(1), t, t + Duration::from_millis(5));
         let ns = |i: Instant| i.duration_since(t).as_nanos() as u64 + 1_000;
         let seen = o.export(ns);
-        let back = Observer::import(TTL, &seen, |n| Some(t + Duration::from_nanos(n - 1_000)));
+        let back = Observer::import(TTL, LONGEST_TTL, &seen, |n| {
+            Some(t + Duration::from_nanos(n - 1_000))
+        });
         assert_eq!(back.token("a/1"), Some(tok(1)));
         let mut back = back;
         back.saw(
@@ -483,5 +562,116 @@ mod tests {
         assert!(fresh_enough(Some(t), t + Duration::from_secs(9), TTL));
         assert!(!fresh_enough(Some(t), t + Duration::from_secs(10), TTL));
         assert!(!fresh_enough(None, t, TTL));
+    }
+
+    fn stating(seq: u64, ttl: Duration) -> Option<Token> {
+        Some(Token {
+            seq,
+            updated_ms: 1_000 * seq,
+            ttl_ms: Some(ttl.as_millis() as u64),
+        })
+    }
+
+    #[test]
+    fn an_owner_with_a_longer_ttl_is_watched_for_its_own() {
+        // The owner beats every 40 s (TTL 120 s); this observer's own TTL is 30 s.
+        let owner_ttl = Duration::from_secs(120);
+        let t = Instant::now();
+        let mut o = Observer::new(TTL, LONGEST_TTL);
+        o.saw("a/1", stating(1, owner_ttl), t, t);
+        o.saw("a/1", stating(1, owner_ttl), t + TTL, t + TTL);
+        assert!(
+            matches!(o.verdict("a/1", t + TTL), Verdict::Watching { left } if left == owner_ttl - TTL),
+            "{:?}",
+            o.verdict("a/1", t + TTL)
+        );
+        // Its next beat lands at 40 s: alive, although 30 s passed unchanged.
+        o.saw(
+            "a/1",
+            stating(2, owner_ttl),
+            t + Duration::from_secs(40),
+            t + Duration::from_secs(40),
+        );
+        assert_eq!(
+            o.verdict("a/1", t + Duration::from_secs(40)),
+            Verdict::Alive
+        );
+        o.saw(
+            "a/1",
+            stating(2, owner_ttl),
+            t + Duration::from_secs(160),
+            t + Duration::from_secs(160),
+        );
+        assert_eq!(
+            o.verdict("a/1", t + Duration::from_secs(160)),
+            Verdict::Dead { watched: owner_ttl }
+        );
+    }
+
+    #[test]
+    fn an_owner_with_a_shorter_ttl_is_watched_for_the_observers() {
+        let t = Instant::now();
+        let mut o = Observer::new(TTL, LONGEST_TTL);
+        let short = Duration::from_secs(3);
+        o.saw("a/1", stating(1, short), t, t);
+        o.saw("a/1", stating(1, short), t + short, t + short);
+        assert!(matches!(
+            o.verdict("a/1", t + short),
+            Verdict::Watching { .. }
+        ));
+        assert_eq!(o.judging_ttl("a/1"), TTL);
+    }
+
+    #[test]
+    fn an_owner_that_states_no_ttl_is_judged_by_the_older_setting() {
+        let t = Instant::now();
+        let legacy = Some(Token {
+            seq: 1,
+            updated_ms: 1_000,
+            ttl_ms: None,
+        });
+        // Default: the longest TTL tfinit accepts, so an hour unchanged proves nothing.
+        let mut o = Observer::new(TTL, LONGEST_TTL);
+        o.saw("a/1", legacy, t, t);
+        let hour = Duration::from_secs(3600);
+        o.saw("a/1", legacy, t + hour, t + hour);
+        assert!(!o.knows_ttl("a/1"));
+        assert!(matches!(
+            o.verdict("a/1", t + hour),
+            Verdict::Watching { .. }
+        ));
+        // A person stated that older pods ran with at most 60 s.
+        let mut o = Observer::new(TTL, Duration::from_secs(60));
+        o.saw("a/1", legacy, t, t);
+        o.saw("a/1", legacy, t + TTL, t + TTL);
+        assert!(matches!(
+            o.verdict("a/1", t + TTL),
+            Verdict::Watching { .. }
+        ));
+        o.saw(
+            "a/1",
+            legacy,
+            t + Duration::from_secs(60),
+            t + Duration::from_secs(60),
+        );
+        assert!(matches!(
+            o.verdict("a/1", t + Duration::from_secs(60)),
+            Verdict::Dead { .. }
+        ));
+        // Never less than the observer's own TTL.
+        assert_eq!(Observer::new(TTL, Duration::from_secs(1)).older(), TTL);
+    }
+
+    #[test]
+    fn a_stated_ttl_travels_to_a_helper() {
+        let t = Instant::now();
+        let mut o = Observer::new(TTL, LONGEST_TTL);
+        o.stated("a/1", Some(Duration::from_secs(90)));
+        o.saw("a/1", None, t, t);
+        let seen = o.export(|i| i.duration_since(t).as_nanos() as u64 + 1);
+        let back = Observer::import(TTL, LONGEST_TTL, &seen, |n| {
+            Some(t + Duration::from_nanos(n - 1))
+        });
+        assert_eq!(back.judging_ttl("a/1"), Duration::from_secs(90));
     }
 }

@@ -6,12 +6,14 @@
 
 pub mod book;
 pub mod follower;
+pub mod handoff;
 pub mod liveness;
 pub mod lockinfo;
 pub mod names;
 pub mod record;
 pub mod recorder;
 pub mod recover;
+pub mod state;
 pub mod store;
 pub mod who;
 pub mod workspace;

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,13 +17,18 @@ use super::names::{valid_owner, valid_run_id, valid_workspace};
 /// their owners by wall-clock stamps and a heartbeat file it does not read. Version 3 added the
 /// owner's `nonce` to the incarnation, so the names of its heartbeat files: a tfinit of version
 /// 2 would look for a heartbeat under a name without it, find none, and take a live owner for dead.
-pub const FORMAT: u32 = 3;
+/// Version 4 added the owner's TTL (`ttl_ms`), which every observer must judge the owner by: a
+/// tfinit of version 3 would judge a version-4 owner by its own TTL, which may be shorter.
+pub const FORMAT: u32 = 4;
 
 /// The oldest record format this tfinit reads (its owners are judged by the shared heartbeat
 /// file of their name, `owners/<name>.json`, when it is that incarnation's).
 pub const OLDEST_FORMAT: u32 = 1;
 
-/// Format version of heartbeats (`owners/<name>.<incarnation>.json`).
+/// Format version of heartbeats (`owners/<name>.<incarnation>.json`). The fields added since
+/// (`ttl_ms`, `lock_file`) are optional: an older tfinit still reads a newer heartbeat and sees it
+/// change (it only ever reads one to judge an owner of a record it reads, or a live tfinit on a
+/// lock's host, and a live owner's beats change whatever else the file holds).
 pub const HEARTBEAT_FORMAT: u32 = 2;
 
 /// Largest record or heartbeat file read; anything bigger is not ours (this tfinit caps what it
@@ -169,6 +175,21 @@ pub struct Record {
     /// release it (the state is missing): a person must. The record is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_person: Option<NeedsPerson>,
+    /// The owner's TFINIT_OWNER_TTL, ms (format 4): what observers judge its heartbeat by when
+    /// the heartbeat itself is missing. None in records of format 1 to 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The run's TF_DATA_DIR, as an absolute path, when it set one: where terraform stored the
+    /// backend settings that name the state its lock guards (`locks::state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<String>,
+}
+
+impl Record {
+    /// The owner's TTL this record states, if it states one.
+    pub fn owner_ttl(&self) -> Option<Duration> {
+        self.ttl_ms.filter(|ms| *ms > 0).map(Duration::from_millis)
+    }
 }
 
 impl Record {
@@ -265,6 +286,45 @@ pub struct Heartbeat {
     /// lock as that Who too).
     #[serde(default)]
     pub host: String,
+    /// The incarnation's TFINIT_OWNER_TTL, ms: observers watch this heartbeat for this long (or
+    /// their own TTL, whichever is longer) before they call the incarnation dead, since this is
+    /// what its fence counts by. None in heartbeats of tfinits before record format 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The device and inode of the lock file the incarnation holds (with `holds_lock`): a free
+    /// flock proves the incarnation gone only on this very file, never on a file that replaced it
+    /// at the same path (a restore from a backup, a person's `cp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_file: Option<FileId>,
+}
+
+impl Heartbeat {
+    /// The owner's TTL this heartbeat states, if it states one.
+    pub fn owner_ttl(&self) -> Option<Duration> {
+        self.ttl_ms.filter(|ms| *ms > 0).map(Duration::from_millis)
+    }
+}
+
+/// A file by what it is: its device and inode (as `fstat` gives them), not the path it was
+/// reached by.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The id of the open file `f`.
+    pub fn of(f: &fs::File) -> io::Result<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata()?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 /// A record file found on disk.
@@ -331,6 +391,14 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
     if !valid_workspace(&rec.workspace) {
         return Err(format!("invalid workspace name {:?}", rec.workspace));
     }
+    // It becomes a recovery's TF_DATA_DIR: an absolute path, as the init writes it.
+    if let Some(d) = rec
+        .data_dir
+        .as_deref()
+        .filter(|d| !Path::new(d).is_absolute())
+    {
+        return Err(format!("data_dir {d:?} is not an absolute path"));
+    }
     Ok(rec)
 }
 
@@ -352,6 +420,8 @@ pub(crate) fn sample(owner: &Owner) -> Record {
         updated_ms: now_ms(),
         ended: None,
         needs_person: None,
+        ttl_ms: Some(30_000),
+        data_dir: None,
     }
 }
 

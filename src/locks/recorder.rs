@@ -27,7 +27,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::liveness::{fresh_enough, Facts};
 use super::names::RunId;
-use super::record::{now_ms, Ended, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
+use super::record::{now_ms, Ended, FileId, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use super::store::Store;
 use super::who::{passwd_user, who_for};
 
@@ -267,7 +267,7 @@ impl Recorder {
             written: HashMap::new(),
             last_heartbeat: None,
             seq: 0,
-            holds_lock: false,
+            lock_file: None,
             unclosed: Vec::new(),
             tried_open: false,
         };
@@ -518,8 +518,8 @@ struct Worker {
     last_heartbeat: Option<Instant>,
     /// The sequence number of the last heartbeat written (or tried).
     seq: u64,
-    /// Whether this incarnation's lock file is held (said in every heartbeat).
-    holds_lock: bool,
+    /// The lock file this incarnation holds, when it holds one (said in every heartbeat).
+    lock_file: Option<FileId>,
     /// Closings of finished runs that failed (a removal, an end-marking), tried again after every
     /// heartbeat that lands: left alone, such a record reads as a live run of this live owner,
     /// with its `Who`, and no recovery in its directory could release a dead run's lock there.
@@ -606,13 +606,15 @@ impl Worker {
         let result = self.store.open(self.ttl).and_then(|()| {
             // The lock first: the first heartbeat says whether it is held.
             match self.store.hold_incarnation_lock(&self.me) {
-                Ok(fd) => lock = fd.map(std::sync::Arc::new),
+                Ok(held) => {
+                    self.lock_file = held.as_ref().map(|(_, id)| *id);
+                    lock = held.map(|(fd, _)| std::sync::Arc::new(fd));
+                }
                 Err(e) => tracing::warn!(
                     state_dir = %self.store.location(), error = %e,
                     "cannot take this incarnation's lock file: records are written, but after a container restart they are recovered only once this owner has been watched dead for TFINIT_OWNER_TTL"
                 ),
             }
-            self.holds_lock = lock.is_some();
             let (stamped, written) = self.beat();
             beat = Some(stamped);
             written
@@ -656,8 +658,10 @@ impl Worker {
             owner: self.me.clone(),
             seq: self.seq,
             updated_ms: now_ms(),
-            holds_lock: self.holds_lock,
+            holds_lock: self.lock_file.is_some(),
             host: self.host.clone(),
+            ttl_ms: Some(self.ttl.as_millis() as u64),
+            lock_file: self.lock_file,
         };
         let written = self.store.write_heartbeat(&hb);
         if written.is_ok() {
@@ -713,12 +717,9 @@ impl Worker {
             let started = Instant::now();
             let heartbeat = self.store.read_heartbeat(&owner);
             let done = Instant::now();
-            let provable = heartbeat.as_ref().is_some_and(|h| h.holds_lock)
-                && !owner.boot_id.is_empty()
-                && owner.boot_id == self.me.boot_id;
-            match provable
-                .then(|| self.store.incarnation_gone(&owner))
-                .flatten()
+            match self
+                .store
+                .kernel_proof(&self.me, &owner, heartbeat.as_ref())
             {
                 Some(true) => gone.push(owner.key()),
                 Some(false) => held.push(owner.key()),
@@ -1062,10 +1063,15 @@ pub(crate) mod tests {
             self.0 .1.notify_all();
             Ok(())
         }
-        fn hold_incarnation_lock(&self, _me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>> {
-            Ok(Some(std::fs::File::open("/dev/null")?.into()))
+        fn hold_incarnation_lock(
+            &self,
+            _me: &Owner,
+        ) -> io::Result<Option<(std::os::fd::OwnedFd, FileId)>> {
+            let f = std::fs::File::open("/dev/null")?;
+            let id = FileId::of(&f)?;
+            Ok(Some((f.into(), id)))
         }
-        fn incarnation_gone(&self, owner: &Owner) -> Option<bool> {
+        fn incarnation_gone(&self, owner: &Owner, _file: FileId) -> Option<bool> {
             self.with(|i| i.gone.contains(&owner.key()).then_some(true))
         }
         fn prune_heartbeats(&self, _records: &[Record], _me: &Owner, _older_than: Duration) {}

@@ -35,6 +35,7 @@ use super::liveness::{
 };
 use super::lockinfo::{self, LockInfo, Probe};
 use super::record::{self, Found, Heartbeat, NeedsPerson, Owner, Record};
+use super::state::{self, StateOf};
 use super::store::{self, Aside, Store};
 use super::who::who_host;
 use super::workspace::data_dir;
@@ -126,7 +127,8 @@ pub struct Window {
     pub not_before_ms: u64,
     /// A lock created later is not the run's.
     pub not_after_ms: u64,
-    /// A live run in the same directory and workspace whose lock would carry the same Who.
+    /// A live run that may lock the same state (locks::state, whatever directory it works in)
+    /// and whose lock would carry the same Who.
     pub live_same_who: Option<String>,
 }
 
@@ -332,14 +334,16 @@ pub struct Recovery {
     pub store: Box<dyn Store>,
     /// The live incarnation of this owner (its running records are never recovered).
     pub me: Owner,
-    /// Heartbeat TTL.
+    /// This observer's TFINIT_OWNER_TTL (an owner is judged by its own when that is longer).
     pub ttl: Duration,
+    /// TFINIT_OLDER_OWNER_TTL: what an owner whose heartbeat states no TTL is judged by.
+    pub older_ttl: Duration,
     /// The real terraform.
     pub terraform: PathBuf,
     /// Report only.
     pub dry_run: bool,
     /// The init's live state-locking runs, recorded or not (empty for `tfinit recover`): a
-    /// lock with one's Who in its directory and workspace may be that run's.
+    /// lock with one's Who on a state it may lock may be that run's.
     pub live: Vec<super::book::LiveRun>,
     /// The init's own recovery before a run (not `tfinit recover` by hand): it skips the records
     /// it already reported as needing a person.
@@ -357,7 +361,10 @@ impl Recovery {
     /// aside with a warning (not in a dry run); files left alone are named in a warning. Returns each record's outcome; an error when the
     /// state directory's recovery lock cannot be taken (a dry run takes none).
     pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
-        let mut observer = Observer::import(self.ttl, &self.seen, liveness::instant_of);
+        let mut observer =
+            Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
+        let only = only.map(|d| (d, fs::canonicalize(d).ok()));
+        let only = only.as_ref();
         // Watching first, without the state directory's recovery lock: a pod that just came up
         // watches another's heartbeat for a TTL before it can call it dead, and other pods'
         // recoveries need not wait for that.
@@ -366,9 +373,7 @@ impl Recovery {
             .list()
             .into_iter()
             .filter_map(|f| match f {
-                Found::Record(_, r) if only.map_or(true, |d| Path::new(&r.workdir) == d) => {
-                    Some(*r)
-                }
+                Found::Record(_, r) if only.map_or(true, |d| same_dir(d, &r.workdir)) => Some(*r),
                 _ => None,
             })
             .collect();
@@ -409,7 +414,7 @@ impl Recovery {
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
                 ),
                 Found::Record(path, rec) => {
-                    if only.is_some_and(|d| Path::new(&rec.workdir) != d) {
+                    if only.is_some_and(|d| !same_dir(d, &rec.workdir)) {
                         continue;
                     }
                     let outcome = self.one(&mut observer, &path, &rec, &records);
@@ -434,6 +439,7 @@ impl Recovery {
         };
         for r in records.iter().filter(|r| r.ended.is_none()) {
             add(&r.owner);
+            observer.stated(&r.owner.key(), r.owner_ttl());
         }
         let hosts: Vec<&str> = records.iter().map(|r| who_host(&r.who)).collect();
         for hb in self.store.heartbeats() {
@@ -442,6 +448,7 @@ impl Recovery {
             }
         }
         let mut said = false;
+        let mut older_said: Vec<String> = Vec::new();
         loop {
             let now = Instant::now();
             let mut longest = Duration::ZERO;
@@ -450,15 +457,31 @@ impl Recovery {
                     continue;
                 }
                 self.read_beat(observer, o);
-                if let Verdict::Watching { left } = observer.verdict(&o.key(), Instant::now()) {
+                // An older tfinit states no TTL: it is judged by TFINIT_OLDER_OWNER_TTL, a year by
+                // default, which no run waits for. Its record stays until it is decided.
+                let key = o.key();
+                if !observer.knows_ttl(&key) && observer.older() > self.ttl {
+                    if !older_said.contains(&key) {
+                        older_said.push(key.clone());
+                        tracing::warn!(
+                            owner = %o.name, incarnation = %o.incarnation(),
+                            older_owner_ttl_seconds = observer.older().as_secs_f64(),
+                            "owner {} (incarnation {}) is a tfinit older than record format 4, whose heartbeat does not say its TFINIT_OWNER_TTL: its runs count as alive until its heartbeat has not changed for TFINIT_OLDER_OWNER_TTL ({}); if every older pod ran with a TTL of at most D, set TFINIT_OLDER_OWNER_TTL=D (here, or for `tfinit recover`) to let its dead runs' locks be released after D",
+                            o.name, o.incarnation(), fmt_duration(observer.older())
+                        );
+                    }
+                    continue;
+                }
+                if let Verdict::Watching { left } = observer.verdict(&key, Instant::now()) {
                     longest = longest.max(left);
                     if !said {
                         said = true;
+                        let ttl = observer.judging_ttl(&key);
                         tracing::info!(
                             owner = %o.name, incarnation = %o.incarnation(),
-                            ttl_seconds = self.ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
-                            "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for TFINIT_OWNER_TTL ({}) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
-                            left.as_secs_f64(), o.name, o.incarnation(), fmt_duration(self.ttl)
+                            ttl_seconds = ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
+                            "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for its TFINIT_OWNER_TTL ({}, or this pod's own when longer) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
+                            left.as_secs_f64(), o.name, o.incarnation(), fmt_duration(ttl)
                         );
                     }
                 }
@@ -477,23 +500,18 @@ impl Recovery {
         observer.saw(&owner.key(), token, started, Instant::now());
     }
 
-    /// What the kernel says of `owner`'s lock file when it ran on this kernel and said it held
-    /// it: Some(true) every process of it is gone, Some(false) one still holds it (alive).
+    /// What the kernel says of `owner`'s lock file when it ran on this kernel and its heartbeat
+    /// names the file it held: Some(true) every process of it is gone, Some(false) one still
+    /// holds it (alive).
     fn kernel(&self, owner: &Owner) -> Option<bool> {
-        let provable = !owner.boot_id.is_empty()
-            && owner.boot_id == self.me.boot_id
-            && self
-                .store
-                .read_heartbeat(owner)
-                .is_some_and(|h| h.holds_lock);
-        provable
-            .then(|| self.store.incarnation_gone(owner))
-            .flatten()
+        let hb = self.store.read_heartbeat(owner);
+        self.store.kernel_proof(&self.me, owner, hb.as_ref())
     }
 
     /// Whether `rec`'s run is over, with a fresh read of its owner's heartbeat.
     fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
         let facts = Facts::of(rec);
+        observer.stated(&rec.owner.key(), facts.ttl);
         if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
             return run_state(&self.me, &facts, None, Verdict::Alive);
         }
@@ -521,8 +539,8 @@ impl Recovery {
             return Outcome::WaitingForPerson;
         }
         let workdir = Path::new(&rec.workdir);
-        let backend = backend_type(workdir);
-        let data_dir = run_data_dir(workdir);
+        let data_dir = record_data_dir(rec);
+        let backend = backend_type_in(&data_dir);
         let outcome = match backend.as_deref() {
             // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
             // runs, in a fresh working directory): the backend is unknown, not local.
@@ -611,11 +629,13 @@ impl Recovery {
         all: &[(PathBuf, Record)],
     ) -> Outcome {
         let workdir = Path::new(&rec.workdir);
-        let config = backend_config(workdir).unwrap_or_default();
+        let data_dir = record_data_dir(rec);
+        let config = backend_config_in(&data_dir).unwrap_or_default();
         let lease = (backend == "kubernetes").then(|| kubernetes_lease(&config, &rec.workspace).1);
         let probe = match run_terraform(
             &self.terraform,
             workdir,
+            &data_dir,
             &rec.workspace,
             &["force-unlock", "-force", lockinfo::probe_id(backend)],
         ) {
@@ -666,6 +686,7 @@ impl Recovery {
         match run_terraform(
             &self.terraform,
             workdir,
+            &data_dir,
             &rec.workspace,
             &["force-unlock", "-force", &info.id],
         ) {
@@ -689,16 +710,15 @@ impl Recovery {
     ) -> Window {
         let skew = CLOCK_SKEW.as_millis() as u64;
         let hb = self.store.read_heartbeat(&rec.owner);
+        let state = record_state(rec);
+        // Another run whose record is here, on a state that may be this one (whatever directory
+        // it works in), with the same Who, that may be alive.
         let twin = all
             .iter()
-            .filter(|(p, r)| {
-                p != path
-                    && r.workdir == rec.workdir
-                    && r.workspace == rec.workspace
-                    && r.who == info.who
-            })
+            .filter(|(p, r)| p != path && r.who == info.who)
+            .filter(|(_, r)| state::may_share(&state, &record_state(r)))
             .find(|(_, r)| !matches!(self.state_now(observer, r), RunState::Over(_)))
-            .map(|(_, r)| format!("{} of {}", r.run_id, r.owner.name));
+            .map(|(_, r)| format!("{} of {} in {}", r.run_id, r.owner.name, r.workdir));
         let beats = self.store.heartbeats();
         let on_host = live_on_host(&info.who, &self.me, &beats, |hb| {
             let facts = Facts {
@@ -706,6 +726,7 @@ impl Recovery {
                 updated_ms: hb.updated_ms,
                 ended: None,
                 needs_person_by: None,
+                ttl: hb.owner_ttl(),
             };
             let kernel = self.kernel(&hb.owner);
             if kernel.is_none() {
@@ -717,35 +738,94 @@ impl Recovery {
                 RunState::Over(_)
             )
         });
+        // This init's own live runs with the same Who, on a state that may be this one, that
+        // started before the lock was created (one that started later cannot hold it).
+        let live = || {
+            self.live
+                .iter()
+                .filter(|l| l.who == info.who)
+                .filter(|l| {
+                    info.created_ms
+                        .map_or(true, |c| l.started_ms <= c.saturating_add(skew))
+                })
+                .find(|l| state::may_share(&state, &live_state(l)))
+                .map(|l| {
+                    format!(
+                        "a run of {} in this init, in {} (workspace {})",
+                        self.me.name,
+                        l.workdir.display(),
+                        l.workspace
+                    )
+                })
+        };
+        let judged_by = observer.judging_ttl(&rec.owner.key());
         Window {
             not_before_ms: rec.started_ms.saturating_sub(skew),
-            not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), self.ttl)
+            not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), judged_by)
                 .saturating_add(skew),
-            live_same_who: twin.or(on_host).or_else(|| {
-                self.live
-                    .iter()
-                    .find(|l| {
-                        l.workdir == Path::new(&rec.workdir)
-                            && l.workspace == rec.workspace
-                            && l.who == info.who
-                    })
-                    .map(|_| format!("a run of {} in this init", self.me.name))
-            }),
+            live_same_who: twin.or(on_host).or_else(live),
         }
+    }
+}
+
+/// Whether the working directory `dir` (given with its resolved path) is `workdir`, by what it
+/// is: the same text, or the same directory once symbolic links are resolved.
+fn same_dir(dir: &(&Path, Option<PathBuf>), workdir: &str) -> bool {
+    let (text, resolved) = dir;
+    *text == Path::new(workdir)
+        || resolved
+            .as_ref()
+            .is_some_and(|r| fs::canonicalize(workdir).is_ok_and(|w| w == *r))
+}
+
+/// The state `rec`'s run locks, as far as its working directory tells now.
+fn record_state(rec: &Record) -> StateOf {
+    if let Some(why) = state::unsure_reason(&rec.subcommand, &rec.argv, &[]) {
+        return StateOf::Unsure(why);
+    }
+    let data_dir = rec.data_dir.as_deref().map(Path::new);
+    state::read(Path::new(&rec.workdir), data_dir, &rec.workspace)
+}
+
+/// The state live run `l` locks, as far as its working directory tells now.
+fn live_state(l: &super::book::LiveRun) -> StateOf {
+    if let Some(why) = &l.unsure {
+        return StateOf::Unsure(why.clone());
+    }
+    state::read(&l.workdir, l.data_dir.as_deref(), &l.workspace)
+}
+
+/// The data directory of the run of `rec`: the TF_DATA_DIR it recorded (format 4: none recorded
+/// means it set none); for an older record, this helper's own (the run's environment).
+fn record_data_dir(rec: &Record) -> PathBuf {
+    match (&rec.data_dir, rec.v >= 4) {
+        (Some(d), _) => PathBuf::from(d),
+        (None, true) => data_dir(Path::new(&rec.workdir), None),
+        (None, false) => run_data_dir(Path::new(&rec.workdir)),
     }
 }
 
 /// The backend type a working directory was initialised with (`.terraform/terraform.tfstate`,
 /// or `$TF_DATA_DIR/terraform.tfstate`); None when not initialised or local.
 pub fn backend_type(workdir: &Path) -> Option<String> {
-    let v = backend_file(workdir)?;
+    backend_type_in(&run_data_dir(workdir))
+}
+
+/// The backend type stored in data directory `data_dir`; None when not initialised or local.
+fn backend_type_in(data_dir: &Path) -> Option<String> {
+    let v = backend_file(data_dir)?;
     v.get("backend")?.get("type")?.as_str().map(str::to_string)
 }
 
 /// The backend configuration a working directory was initialised with (its `config` object, as
 /// terraform stored it after merging -backend-config), when there is one.
 pub fn backend_config(workdir: &Path) -> Option<serde_json::Value> {
-    let mut v = backend_file(workdir)?;
+    backend_config_in(&run_data_dir(workdir))
+}
+
+/// The backend configuration stored in data directory `data_dir`, when there is one.
+fn backend_config_in(data_dir: &Path) -> Option<serde_json::Value> {
+    let mut v = backend_file(data_dir)?;
     Some(v.get_mut("backend")?.get_mut("config")?.take())
 }
 
@@ -838,9 +918,9 @@ fn run_data_dir(workdir: &Path) -> PathBuf {
     data_dir(workdir, std::env::var_os("TF_DATA_DIR").as_deref())
 }
 
-/// `.terraform/terraform.tfstate` (or under $TF_DATA_DIR) of `workdir`, parsed.
-fn backend_file(workdir: &Path) -> Option<serde_json::Value> {
-    let file = run_data_dir(workdir).join("terraform.tfstate");
+/// `terraform.tfstate` of the data directory `data_dir`, parsed.
+fn backend_file(data_dir: &Path) -> Option<serde_json::Value> {
+    let file = data_dir.join("terraform.tfstate");
     let mut bytes = Vec::new();
     fs::File::open(file)
         .ok()?
@@ -850,18 +930,24 @@ fn backend_file(workdir: &Path) -> Option<serde_json::Value> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Runs terraform with `args` in `workdir` and `workspace` (argv, no shell), non-interactive, with
-/// a timeout. Returns whether it succeeded and its combined output.
+/// Runs terraform with `args` in `workdir`, data directory `data_dir` and `workspace` (argv, no
+/// shell), non-interactive, with a timeout. Returns whether it succeeded and its combined output.
 fn run_terraform(
     terraform: &Path,
     workdir: &Path,
+    data_dir: &Path,
     workspace: &str,
     args: &[&str],
 ) -> Result<(bool, String), String> {
     let mut cmd = Command::new(terraform);
-    cmd.args(args)
-        .current_dir(workdir)
-        .stdin(Stdio::null())
+    cmd.args(args).current_dir(workdir);
+    // The dead run's data directory, whatever the environment this helper was given says.
+    if data_dir == super::workspace::data_dir(workdir, None) {
+        cmd.env_remove("TF_DATA_DIR");
+    } else {
+        cmd.env("TF_DATA_DIR", data_dir);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .env("TF_INPUT", "0")
@@ -949,6 +1035,8 @@ mod tests {
             updated_ms: T0,
             ended: None,
             needs_person: None,
+            ttl_ms: Some(30_000),
+            data_dir: None,
         }
     }
 
@@ -1074,6 +1162,8 @@ mod tests {
             updated_ms: t0 + 20_000,
             holds_lock: true,
             host: String::new(),
+            ttl_ms: Some(30_000),
+            lock_file: None,
         };
         assert_eq!(last_alive_ms(&facts, Some(&hb), ttl), t0 + 50_000);
         // Another incarnation's heartbeat says nothing about this one.

@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use super::names::valid_owner;
 use super::record::{
-    age, now_ms, parse_record, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
-    MAX_FILE,
+    age, now_ms, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, FORMAT,
+    HEARTBEAT_FORMAT, MAX_FILE,
 };
+use std::os::fd::OwnedFd;
 
 /// The file `recover.lock` in the state directory: flock of one recovery at a time.
 const RECOVER_LOCK: &str = "recover.lock";
@@ -104,14 +105,31 @@ pub trait Store: Send {
     /// holding the descriptor is gone. None when the state directory is not on a local
     /// filesystem: there a free flock proves nothing, and a descriptor every terraform holds
     /// would make each one's exit wait on the volume (FUSE and NFS talk to their server when a
-    /// descriptor is closed).
-    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>>;
+    /// descriptor is closed). With the descriptor, the file's device and inode: the heartbeat
+    /// names them, so that a free flock proves something only on this very file.
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>>;
 
     /// Whether the kernel proves every process of `owner` gone: its lock file is on a local
-    /// filesystem of this kernel and its flock is free. Some(false): it is held (alive); None:
-    /// nothing proven (network filesystem, no lock file, an error). The caller checks that the
-    /// incarnation ran on this kernel (boot id) and that its heartbeat says it held the lock.
-    fn incarnation_gone(&self, owner: &Owner) -> Option<bool>;
+    /// filesystem of this kernel, it is the file `file` (device and inode, as the incarnation's
+    /// heartbeat names it: a file that replaced it at that path proves nothing), and its flock is
+    /// free. Some(false): it is held (alive); None: nothing proven (network filesystem, no lock
+    /// file, another file, an error). Callers go through [`kernel_proof`], which checks the rest.
+    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool>;
+
+    /// What the kernel proves of `owner` for observer `me`, given `hb`, that incarnation's
+    /// heartbeat as just read: Some(true) every process of it is gone, Some(false) one holds its
+    /// lock file (alive), None nothing. Only for an incarnation of this kernel (boot id) whose
+    /// heartbeat says it held its lock file and names that file's device and inode (a heartbeat
+    /// of a tfinit before record format 4 names none: its owner is watched instead).
+    fn kernel_proof(&self, me: &Owner, owner: &Owner, hb: Option<&Heartbeat>) -> Option<bool> {
+        let file = hb
+            .filter(|h| h.holds_lock && h.owner.same_incarnation(owner))?
+            .lock_file?;
+        if owner.boot_id.is_empty() || owner.boot_id != me.boot_id {
+            return None;
+        }
+        self.incarnation_gone(owner, file)
+    }
 
     /// Takes the exclusive right to recover in this store, waiting up to `wait` for another
     /// recovery (another pod's, or a `tfinit recover`) to finish.
@@ -446,10 +464,11 @@ impl Store for FileStore {
             {
                 continue;
             }
-            // The lock file goes first, and only when no process holds it.
+            // The lock file goes first, and only when no process holds it (cleaning: whatever
+            // file is at the path, a held one stays).
             if hb.v == HEARTBEAT_FORMAT {
                 let lock = self.lock_path(&hb.owner);
-                if lock.exists() && self.incarnation_gone(&hb.owner) != Some(true) {
+                if lock.exists() && flock_free(&lock) != Some(true) {
                     continue;
                 }
                 let _ = fs::remove_file(&lock);
@@ -458,7 +477,7 @@ impl Store for FileStore {
         }
     }
 
-    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
         use std::os::fd::AsFd;
         if !fs::File::open(self.owners_dir()).is_ok_and(|d| local_filesystem(&d)) {
             return Ok(None);
@@ -474,6 +493,7 @@ impl Store for FileStore {
                 .mode(0o600),
         )
         .map_err(|e| e.into_io(&path))?;
+        let id = FileId::of(&file)?;
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
             io::Error::other(format!(
                 "cannot flock {}: {e} (another process holds this incarnation's lock file?)",
@@ -485,21 +505,19 @@ impl Store for FileStore {
         // and every terraform run it started) is gone, and the kernel frees it then. Dropping
         // the Flock would unlock it for every holder at once.
         std::mem::forget(lock);
-        Ok(Some(fd))
+        Ok(Some((fd, id)))
     }
 
-    fn incarnation_gone(&self, owner: &Owner) -> Option<bool> {
+    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {
         let path = self.lock_path(owner);
-        let (file, _) = open_regular(&path, fs::OpenOptions::new().read(true)).ok()?;
-        if !local_filesystem(&file) {
+        let (f, _) = open_regular(&path, fs::OpenOptions::new().read(true)).ok()?;
+        // The very file the incarnation locked, checked on the descriptor we test: while any of
+        // its processes holds that file, its inode cannot be freed and reused, so the same device
+        // and inode is the same file.
+        if FileId::of(&f).ok()? != file || !local_filesystem(&f) {
             return None;
         }
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            // Dropped at once: unlocked, and nothing of that incarnation can take it again.
-            Ok(_free) => Some(true),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(false),
-            Err(_) => None,
-        }
+        test_flock(f)
     }
 
     fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock> {
@@ -548,6 +566,27 @@ impl Store for FileStore {
 /// Whether `file` is on a filesystem whose flocks live in this kernel alone (so a free flock
 /// proves its holders gone): ext2/3/4, xfs, btrfs, tmpfs, overlayfs. Not NFS, CIFS, Ceph or FUSE,
 /// whose locks a server keeps or emulates per process.
+/// Whether the flock of the file at `path` is free (Some(true)), held (Some(false)), or unknown:
+/// for cleaning only, never a proof (it does not know which file is at the path).
+fn flock_free(path: &Path) -> Option<bool> {
+    let (f, _) = open_regular(path, fs::OpenOptions::new().read(true)).ok()?;
+    if !local_filesystem(&f) {
+        return None;
+    }
+    test_flock(f)
+}
+
+/// Tries `f`'s exclusive flock without waiting: Some(true) it was free (and is released at
+/// once), Some(false) someone holds it, None an error.
+fn test_flock(f: fs::File) -> Option<bool> {
+    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+        // Dropped at once: unlocked, and nothing of that incarnation can take it again.
+        Ok(_free) => Some(true),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(false),
+        Err(_) => None,
+    }
+}
+
 fn local_filesystem(file: &fs::File) -> bool {
     use nix::sys::statfs::{
         fstatfs, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC,
@@ -890,6 +929,8 @@ mod tests {
             updated_ms,
             holds_lock: true,
             host: String::new(),
+            ttl_ms: Some(30_000),
+            lock_file: None,
         }
     }
 
@@ -1003,13 +1044,15 @@ mod tests {
         store.prepare().unwrap();
         assert!(local_filesystem(&fs::File::open(&dir).unwrap()));
         let a = Owner::current("pod-a", None);
+        let nowhere = FileId { dev: 0, ino: 0 };
         assert_eq!(
-            store.incarnation_gone(&a),
+            store.incarnation_gone(&a, nowhere),
             None,
             "no lock file: nothing proven"
         );
         let lock = store.lock_path(&a);
         fs::write(&lock, b"").unwrap();
+        let id = FileId::of(&fs::File::open(&lock).unwrap()).unwrap();
         // The holder exits at once, but a background child it started inherits the lock and
         // lives on: like an init that died while one of its terraform runs had not.
         let marker = dir.join("child-done");
@@ -1019,24 +1062,75 @@ mod tests {
         );
         holder.wait().unwrap();
         assert_eq!(
-            store.incarnation_gone(&a),
+            store.incarnation_gone(&a, id),
             Some(false),
             "its child holds it"
         );
         wait_until("the child to finish", || marker.exists());
         wait_until("the flock to be free", || {
-            store.incarnation_gone(&a) == Some(true)
+            store.incarnation_gone(&a, id) == Some(true)
         });
         // Our own lock: held for the life of this process.
         let me = Owner {
             started_ms: a.started_ms + 1,
             ..a.clone()
         };
-        let _fd = store
+        let (_fd, mine) = store
             .hold_incarnation_lock(&me)
             .unwrap()
             .expect("a local filesystem");
-        assert_eq!(store.incarnation_gone(&me), Some(false));
+        assert_eq!(store.incarnation_gone(&me, mine), Some(false));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_free_lock_file_that_replaced_the_owners_proves_nothing() {
+        let dir = Path::new("/dev/shm").join(format!("tfinit-replaced-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        let me = Owner::current("pod-a", None);
+        let (_held, id) = store.hold_incarnation_lock(&me).unwrap().unwrap();
+        let hb = Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: me.clone(),
+            seq: 1,
+            updated_ms: now_ms(),
+            holds_lock: true,
+            host: "pod-a".into(),
+            ttl_ms: Some(30_000),
+            lock_file: Some(id),
+        };
+        let observer = Owner {
+            started_ms: me.started_ms + 1,
+            ..me.clone()
+        };
+        assert_eq!(store.kernel_proof(&observer, &me, Some(&hb)), Some(false));
+        // owners/ restored from a backup: a new file (new inode) at the lock's path, which no
+        // process holds, while the owner still holds the old one.
+        let path = store.lock_path(&me);
+        let restored = dir.join("owners").join("restored");
+        fs::write(&restored, b"").unwrap();
+        fs::rename(&restored, &path).unwrap();
+        assert_eq!(flock_free(&path), Some(true), "the new file is free");
+        assert_eq!(
+            store.kernel_proof(&observer, &me, Some(&hb)),
+            None,
+            "another file proves nothing"
+        );
+        // A heartbeat that names no file (an older tfinit) proves nothing either.
+        let older = Heartbeat {
+            lock_file: None,
+            ..hb.clone()
+        };
+        assert_eq!(store.kernel_proof(&observer, &me, Some(&older)), None);
+        // Another boot: nothing.
+        let elsewhere = Owner {
+            boot_id: "other-boot".into(),
+            ..observer.clone()
+        };
+        assert_eq!(store.kernel_proof(&elsewhere, &me, Some(&hb)), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use tfinit::locks::liveness::{
-    last_alive_ms, run_state, Facts, Observer, RunState, Token, Verdict,
+    last_alive_ms, run_state, Facts, Observer, RunState, Token, Verdict, LONGEST_TTL,
 };
 use tfinit::locks::lockinfo::LockInfo;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
@@ -97,7 +97,9 @@ async fn new_helper(sim: &Sim, h: usize) {
         };
         let base = w.nodes[c.node].base;
         let ttl = c.ttl * w.cfg.helper_ttl_factor;
-        let o = Observer::import(ttl, &seen, |ns| Some(base + Duration::from_nanos(ns)));
+        let o = Observer::import(ttl, LONGEST_TTL, &seen, |ns| {
+            Some(base + Duration::from_nanos(ns))
+        });
         (c, o)
     });
     let listed: Vec<Rc<Record>> = list(sim, c.node)
@@ -322,6 +324,7 @@ async fn window(
             updated_ms: hb.updated_ms,
             ended: None,
             needs_person_by: None,
+            ttl: hb.owner_ttl(),
         };
         let kernel = kernel(sim, c, &hb.owner).await;
         if kernel.is_none() {

@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use tfinit::locks::book::{Book, Event, Launch, Start};
-use tfinit::locks::liveness::{last_alive_ms, Facts};
+use tfinit::locks::book::{Book, Event, Launch, NewRun, Start};
+use tfinit::locks::liveness::{last_alive_ms, Facts, Observer, LONGEST_TTL};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Owner, Record, FORMAT};
 use tfinit::locks::recorder::{Request, WriteError};
@@ -272,8 +272,20 @@ impl World {
         let now = self.mono_of(inc);
         let path = workdir_path(run.workdir);
         let ws = workspace_name(run.ws);
+        let started_ms = self.wall(self.incs[inc].node);
         let start = match &mut self.incs[inc].book {
-            BookSide::New(b) => b.begin(run.id, &path, &ws, &[], now, deadline),
+            BookSide::New(b) => {
+                let new = NewRun {
+                    run: run.id,
+                    workdir: &path,
+                    workspace: &ws,
+                    subcommand: "apply",
+                    argv: &[],
+                    env: &[],
+                    started_ms,
+                };
+                b.begin(&new, now, deadline)
+            }
             BookSide::Old(b) => b.begin(run.id, &path, &ws, now, deadline),
         };
         match start {
@@ -295,6 +307,8 @@ impl World {
                     updated_ms: wall,
                     ended: None,
                     needs_person: None,
+                    ttl_ms: Some(self.cfg.ttl),
+                    data_dir: None,
                 };
                 let id = run.id;
                 run.life = Life::Recording;
@@ -651,7 +665,7 @@ impl World {
             Rules::New => BookSide::New(Box::new(Book::new(
                 std::path::Path::new("/state"),
                 owner.clone(),
-                ttl,
+                Observer::new(ttl, LONGEST_TTL),
                 rt,
                 true,
                 host.clone(),

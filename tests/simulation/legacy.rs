@@ -418,6 +418,7 @@ impl Book {
                                 updated_ms: ended.ms,
                                 ended: Some(ended),
                                 needs_person_by: None,
+                                ttl: None,
                             },
                         };
                         self.own.insert(path, (now, Some(entry)));
@@ -555,6 +556,9 @@ impl Book {
                 workdir: r.workdir.clone(),
                 workspace: r.workspace.clone(),
                 who: format!("@{}", self.host),
+                data_dir: None,
+                started_ms: 0,
+                unsure: None,
             })
             .collect();
         out.sort_by(|a, b| (&a.workdir, &a.workspace).cmp(&(&b.workdir, &b.workspace)));

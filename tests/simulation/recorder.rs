@@ -231,6 +231,7 @@ async fn beat(sim: &Sim, inc: usize) -> (Instant, Result<(), String>) {
         let node = w.incs[inc].node;
         let wall = w.wall(node);
         let legacy = w.cfg.rules == Rules::Legacy;
+        let ttl_ms = w.cfg.ttl;
         let i = &mut w.incs[inc];
         i.seq += 1;
         let hb = Heartbeat {
@@ -245,6 +246,9 @@ async fn beat(sim: &Sim, inc: usize) -> (Instant, Result<(), String>) {
             } else {
                 i.host.clone()
             },
+            ttl_ms: (!legacy).then_some(ttl_ms),
+            // The model's kernel proof is by incarnation (`World::incarnation_gone`).
+            lock_file: None,
         };
         // Legacy: one file per owner name, whoever wrote it last.
         let key = if legacy {

@@ -49,7 +49,7 @@ fn opening(t: Instant) -> Records {
     let book = Book::new(
         Path::new("/state"),
         Owner::current("pod-a", None),
-        TTL,
+        crate::locks::liveness::Observer::new(TTL, crate::locks::liveness::LONGEST_TTL),
         RECORD_TIMEOUT,
         true,
         "pod-a".into(),
@@ -107,6 +107,7 @@ fn dead_record(workdir: &str) -> Entry {
                 how: "killed by SIGKILL".into(),
             }),
             needs_person_by: None,
+            ttl: Some(TTL),
         },
     }
 }

@@ -43,7 +43,7 @@ while IFS=$'\t' read -r name path; do
 done <"$logs/binaries.tsv"
 
 heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival"
-pods="locks_recovery locks_never kubernetes records container_shutdown container_recovery container_images"
+pods="locks_recovery locks_never locks_state kubernetes records container_shutdown container_recovery container_images"
 terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples"
 rest=""
 for name in $(printf '%s\n' "${!exe[@]}" | sort); do

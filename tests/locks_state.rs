@@ -1,0 +1,515 @@
+//! Issue 23's regression tests, each a way a live run's lock was once released so that a second
+//! apply ran on the same state, end to end with real terraform on the s3 backend (moto) and tfinit
+//! as PID 1 of each pod (tests/common/s3_pods.rs):
+//! 1. an observer judged another incarnation's heartbeat by its own, shorter TTL;
+//! 2. this init's own live runs counted as live only by working-directory text (a symlinked
+//!    `-chdir`, two directories whose backends name one state);
+//! 3. the kernel's proof trusted whatever file was at the lock file's path.
+//!
+//! Each test has its negative case: once the holder is really gone, the same recovery releases
+//! the lock. The rules are in docs/records.md ("Who is dead", "Which state a lock guards").
+
+mod common;
+#[path = "common/s3_pods.rs"]
+mod s3_pods;
+
+use common::pods::{self, heartbeat_file, Pod, PodSpec, STEP};
+use common::{deps, read, tfinit, wait_for};
+use s3_pods::*;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// `tfinit recover` by hand as if on another node: `boot_id` replaces the kernel's boot id in a
+/// mount namespace of its own, so no kernel proof applies and it must watch heartbeats. Its own
+/// TFINIT_OWNER_TTL is the world's (3 s). Returns its output and how long it took.
+fn recover_on_other_node(w: &S3World, boot_id: &str) -> (String, Duration) {
+    let file = w.tmp.join(&format!("boot_id-recover-{}", pods::now_ms()));
+    fs::write(&file, format!("{boot_id}\n")).unwrap();
+    let mut c = common::unshare();
+    c.args(["--mount", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} /proc/sys/kernel/random/boot_id && exec \"$0\" recover",
+            file.display()
+        ))
+        .arg(tfinit())
+        .current_dir(&w.tmp.0)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", deps().join("bin").display()),
+        )
+        .env("HOME", "/root")
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TFINIT_STATE_DIR", &w.state)
+        .env("TFINIT_OWNER", "debug-shell")
+        .env("TFINIT_OWNER_TTL", format!("{}s", TTL.as_secs()));
+    let started = Instant::now();
+    let out = common::run_output(&mut c, STEP);
+    (pods::text(&out), started.elapsed())
+}
+
+/// The heartbeat of `owner`'s single incarnation in `w`'s state dir, parsed.
+fn heartbeat(w: &S3World, owner: &str) -> Value {
+    let f = heartbeat_file(&w.state, owner).expect("a heartbeat file");
+    serde_json::from_str(&read(&f)).unwrap()
+}
+
+/// Finding 1: pod-a beats every 4 s (TTL 12 s) and is healthy; `tfinit recover` from a debug
+/// shell on another node, with the default-like TTL of 3 s, once watched it unchanged for 3 s
+/// right after a beat and released its lock. Now it watches for pod-a's own TTL, sees the next
+/// beat and leaves the lock alone. Negative case: once pod-a is gone, the same command releases
+/// the lock, after watching for pod-a's 12 s (not its own 3 s).
+#[test]
+fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl() {
+    if !have_deps() {
+        return;
+    }
+    let w = S3World::new("lock-ttl");
+    let owner_ttl = Duration::from_secs(12);
+    let a_out = w.tmp.join("pod-a.out");
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: pods::apply_once(&a_out, ""),
+            env: vec![
+                ("TF_VAR_sleep", "40".into()),
+                ("TFINIT_OWNER_TTL", format!("{}s", owner_ttl.as_secs())),
+            ],
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w.moto.lock(STATE));
+    wait_for(STEP, "pod-a's record", || w.records().first().cloned());
+    let hb = heartbeat(&w, "pod-a");
+    assert_eq!(hb["ttl_ms"], 12_000, "the heartbeat states its TTL: {hb}");
+    // Right after a beat, as in the finding.
+    let seq = hb["seq"].as_u64().unwrap();
+    wait_for(STEP, "pod-a's next beat", || {
+        (heartbeat(&w, "pod-a")["seq"].as_u64() > Some(seq)).then_some(())
+    });
+    let (out, _) = recover_on_other_node(&w, "0f0f0f0f-other-node");
+    assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
+    assert!(out.contains("owner alive): left alone"), "{out}");
+    assert!(!out.contains("force-unlocked"), "{out}");
+    assert!(pod_a.wait().success(), "{}", pod_a.log());
+    let a = read(&a_out.with_extension("out.1"));
+    assert!(a.contains("Apply complete!"), "{a}");
+    assert!(!a.contains("Error releasing the state lock"), "{a}");
+
+    // Negative case: pod-a dies holding a lock (planted: its apply ended cleanly above), and the
+    // watch lasts pod-a's TTL.
+    let w2 = S3World::new("lock-ttl-dead");
+    let mut pod = Pod::start(
+        &w2,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: pods::apply_once(&w2.tmp.join("pod-a.out"), ""),
+            env: vec![
+                ("TF_VAR_sleep", "60".into()),
+                ("TFINIT_OWNER_TTL", format!("{}s", owner_ttl.as_secs())),
+            ],
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w2.moto.lock(STATE));
+    wait_for(STEP, "pod-a's record", || w2.records().first().cloned());
+    pod.kill();
+    let (out, took) = recover_on_other_node(&w2, "0f0f0f0f-other-node");
+    assert!(
+        out.contains(&format!(
+            "force-unlocked lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{out}"
+    );
+    assert!(
+        took >= owner_ttl,
+        "watched {took:?}, less than the owner's TTL {owner_ttl:?}: {out}"
+    );
+    assert_eq!(w2.moto.lock(STATE), None, "{out}");
+}
+
+/// Where the runs of [`a_live_runs_lock_is_never_released_through_another_path_to_its_state`]
+/// reach the state: the working directory through a symbolic link, or a second directory
+/// initialised with the same backend key.
+#[derive(Debug, Clone, Copy)]
+enum OtherPath {
+    Symlink,
+    SameKey,
+}
+
+/// The other directory of `w` for `how`, ready to run in.
+fn other_path(w: &S3World, how: OtherPath) -> PathBuf {
+    match how {
+        OtherPath::Symlink => {
+            let link = w.tmp.join("link");
+            std::os::unix::fs::symlink(&w.ws, &link).unwrap();
+            link
+        }
+        OtherPath::SameKey => {
+            let b = w.tmp.join("b");
+            fs::create_dir_all(&b).unwrap();
+            fs::copy(w.ws.join("main.tf"), b.join("main.tf")).unwrap();
+            let mut c = Command::new(deps().join("bin/terraform"));
+            c.args([
+                "init",
+                "-input=false",
+                "-no-color",
+                &format!("-plugin-dir={}", deps().join("plugins").display()),
+                &format!("-backend-config=endpoint={}", w.moto.endpoint()),
+                &format!("-backend-config=dynamodb_endpoint={}", w.moto.endpoint()),
+            ])
+            .current_dir(&b)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/root")
+            .env("CHECKPOINT_DISABLE", "1");
+            let out = common::run_output(&mut c, STEP);
+            assert!(out.status.success(), "init in b: {}", pods::text(&out));
+            b
+        }
+    }
+}
+
+/// Pids of the real terraform processes (not the shims: those are tfinit) whose command line
+/// holds `arg`.
+fn real_terraform_with(arg: &str) -> Vec<i32> {
+    let real = fs::canonicalize(deps().join("bin/terraform")).unwrap();
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let exe = fs::read_link(e.path().join("exe")).ok();
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let has = cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes());
+        if has && exe.as_deref() == Some(real.as_path()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The lines of the pod's progress file.
+fn progress(file: &Path) -> String {
+    fs::read_to_string(file).unwrap_or_default()
+}
+
+/// Finding 2: R2 applies in the working directory; R0 reaches the same state through another
+/// path (`how`), waits for the lock, and its terraform is SIGKILLed (as the OOM killer would);
+/// R3 through that path once recovered R0's record, found the lock held with this pod's Who and
+/// force-unlocked R2's live lock, because the live run's directory text differed. Now the state
+/// is what counts: R3's recovery leaves the lock alone (R3 fails on the held lock, as terraform
+/// does), R2 finishes and releases its own lock. Negative case: once R2 is done, R4 through the
+/// same path finds the lock free and R0's record is removed.
+fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(how: OtherPath) {
+    if !have_deps() {
+        return;
+    }
+    let w = S3World::new(&format!("lock-path-{how:?}").to_lowercase());
+    let other = other_path(&w, how);
+    let chdir = format!("-chdir={}", other.display());
+    let t = w.tmp.join("steps");
+    fs::create_dir_all(&t).unwrap();
+    let done = t.join("done");
+    let apply = "terraform apply -auto-approve -input=false -no-color";
+    let wait_go = |step: &str| {
+        format!(
+            "while [ ! -e {} ]; do sleep 0.1; done",
+            t.join(step).display()
+        )
+    };
+    let script = format!(
+        "{apply} > {t}/r2.out 2>&1 &\n\
+         {go_r0}\n\
+         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=300s > {t}/r0.out 2>&1 &\n\
+         {go_r3}\n\
+         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
+         wait\n\
+         echo \"r2 done\" >> {done}\n\
+         {go_r4}\n\
+         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
+        t = t.display(),
+        done = done.display(),
+        go_r0 = wait_go("go-r0"),
+        go_r3 = wait_go("go-r3"),
+        go_r4 = wait_go("go-r4"),
+    );
+    let mut pod = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script,
+            env: vec![("TF_VAR_sleep", "40".into())],
+        },
+    );
+    let lock = wait_for(STEP, "R2's lock", || w.moto.lock(STATE));
+    fs::write(t.join("go-r0"), "").unwrap();
+    wait_for(STEP, "R0 waiting for the lock", || {
+        let r0 = read(&t.join("r0.out"));
+        (w.records().len() == 2 && r0.contains("Acquiring state lock")).then_some(())
+    });
+    // SIGKILL of R0's terraform (both processes of 1.0.3's panicwrap shape).
+    let pids = real_terraform_with(&chdir);
+    assert!(!pids.is_empty(), "R0's terraform processes");
+    for p in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    wait_for(STEP, "R0's record marked ended", || {
+        w.records()
+            .iter()
+            .any(|(_, r)| !r["ended"].is_null())
+            .then_some(())
+    });
+    fs::write(t.join("go-r3"), "").unwrap();
+    wait_for(Duration::from_secs(90), "R3 to end", || {
+        progress(&done).contains("r3 ").then_some(())
+    });
+    let r3 = read(&t.join("r3.out"));
+    assert!(r3.contains("Error acquiring the state lock"), "{r3}");
+    assert_eq!(
+        w.moto.lock(STATE).map(|l| l["ID"].clone()),
+        Some(lock["ID"].clone()),
+        "R2's lock untouched: {}",
+        pod.log()
+    );
+    wait_for(Duration::from_secs(90), "R2 to end", || {
+        progress(&done).contains("r2 done").then_some(())
+    });
+    let r2 = read(&t.join("r2.out"));
+    assert!(r2.contains("Apply complete!"), "{r2}");
+    assert!(!r2.contains("Error releasing the state lock"), "{r2}");
+    let log = pod.log();
+    assert!(!log.contains("force-unlocked"), "{log}");
+    // It names R2 (its record, or this init's live run) as the run that may hold the lock.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("may not be the dead run's")
+                && l.contains(&w.ws.display().to_string())),
+        "the recovery names the live run that may hold the lock: {log}"
+    );
+    assert_eq!(w.records().len(), 1, "R0's record kept: {log}");
+
+    // Negative case: R2 is done; R4 through the same path finds the lock free.
+    fs::write(t.join("go-r4"), "").unwrap();
+    wait_for(Duration::from_secs(90), "R4 to end", || {
+        progress(&done).contains("r4 ").then_some(())
+    });
+    let r4 = read(&t.join("r4.out"));
+    assert!(progress(&done).contains("r4 0"), "{r4}\n{}", pod.log());
+    assert!(w.records().is_empty(), "R0's record removed: {}", pod.log());
+    assert!(pod.wait().success(), "{}", pod.log());
+    w.assert_state_consistent();
+}
+
+#[test]
+fn a_live_runs_lock_is_never_released_through_a_symlinked_chdir() {
+    a_live_runs_lock_is_never_released_through_another_path_to_its_state(OtherPath::Symlink);
+}
+
+#[test]
+fn a_live_runs_lock_is_never_released_through_a_second_directory_with_its_backend_key() {
+    a_live_runs_lock_is_never_released_through_another_path_to_its_state(OtherPath::SameKey);
+}
+
+/// Finding 3: while pod-a applies, `owners/` is restored from a backup, so a new, free file sits
+/// at its lock file's path; `tfinit recover` on the same node once took the free flock for the
+/// kernel's proof that pod-a was gone and released its live lock. Now the proof holds only on the
+/// file (device and inode) pod-a's heartbeat names: recover watches instead, sees pod-a beat and
+/// leaves the lock alone. Negative case: pod-a killed, the same command watches its heartbeat
+/// for a TTL and releases the lock.
+#[test]
+fn a_lock_file_replaced_under_a_live_owner_proves_nothing() {
+    if !have_deps() {
+        return;
+    }
+    let w = S3World::new("lock-inode");
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: pods::apply_once(&w.tmp.join("pod-a.out"), ""),
+            env: vec![("TF_VAR_sleep", "60".into())],
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w.moto.lock(STATE));
+    wait_for(STEP, "pod-a's record", || w.records().first().cloned());
+    let hb = heartbeat(&w, "pod-a");
+    assert_eq!(hb["holds_lock"], true, "{hb}");
+    assert!(hb["lock_file"]["ino"].as_u64().is_some(), "{hb}");
+    // The restore: a copy of the lock file renamed over it.
+    let lock_file = heartbeat_file(&w.state, "pod-a")
+        .unwrap()
+        .with_extension("lock");
+    let restored = w.state.join("owners/.restored");
+    fs::copy(&lock_file, &restored).unwrap();
+    fs::rename(&restored, &lock_file).unwrap();
+    let out = pods::text(&pods::recover_by_hand(&w, &[], &[]));
+    assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
+    assert!(out.contains("owner alive): left alone"), "{out}");
+    assert!(!out.contains("the kernel freed"), "{out}");
+
+    // Negative case.
+    pod_a.kill();
+    let out = pods::text(&pods::recover_by_hand(&w, &[], &[]));
+    assert!(
+        out.contains(&format!(
+            "force-unlocked lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{out}"
+    );
+    assert_eq!(w.moto.lock(STATE), None, "{out}");
+}
+
+/// What the rule of "Which state a lock guards" costs (docs/records.md): a live run of the same
+/// `Who` whose state tfinit cannot tell (here an `init` that hangs on an unanswering endpoint, in
+/// another directory) keeps a dead run's lock in place while it lives, if it started before the
+/// lock was created or within CLOCK_SKEW after. R0 dies holding its lock; the init starts; R3's
+/// recovery leaves the lock alone and R3 fails on it; once the init is gone, R4's recovery
+/// releases it. Prints how long the lock waited and how soon after the init's end it went.
+#[test]
+fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
+    if !have_deps() {
+        return;
+    }
+    let w = S3World::new("lock-cost");
+    // Connections wait in its backlog for good: the init hangs until it is killed.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole = format!("http://{}", blackhole.local_addr().unwrap());
+    let c = w.tmp.join("c");
+    fs::create_dir_all(&c).unwrap();
+    fs::copy(w.ws.join("main.tf"), c.join("main.tf")).unwrap();
+    let t = w.tmp.join("steps");
+    fs::create_dir_all(&t).unwrap();
+    let done = t.join("done");
+    let wait_go = |step: &str| {
+        format!(
+            "while [ ! -e {} ]; do sleep 0.1; done",
+            t.join(step).display()
+        )
+    };
+    let init_chdir = format!("-chdir={}", c.display());
+    let script = format!(
+        "terraform apply -auto-approve -input=false -no-color > {t}/r0.out 2>&1 &\n\
+         {go_init}\n\
+         terraform {init_chdir} init -input=false -no-color -plugin-dir={plugins} -backend-config=endpoint={hole} -backend-config=dynamodb_endpoint={hole} > {t}/init.out 2>&1 &\n\
+         {go_r3}\n\
+         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
+         {go_r4}\n\
+         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n\
+         wait\n",
+        t = t.display(),
+        done = done.display(),
+        plugins = deps().join("plugins").display(),
+        go_init = wait_go("go-init"),
+        go_r3 = wait_go("go-r3"),
+        go_r4 = wait_go("go-r4"),
+    );
+    let mut pod = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script,
+            env: vec![("TF_VAR_sleep", "60".into())],
+        },
+    );
+    let lock = wait_for(STEP, "R0's lock", || w.moto.lock(STATE));
+    // R0 dies holding it (SIGKILL of its terraform, as the OOM killer would).
+    let ws_arg = "apply";
+    let r0: Vec<i32> = real_terraform_with(ws_arg);
+    assert!(!r0.is_empty(), "R0's terraform");
+    for p in r0 {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let killed = Instant::now();
+    wait_for(STEP, "R0's record marked ended", || {
+        w.records()
+            .iter()
+            .any(|(_, r)| !r["ended"].is_null())
+            .then_some(())
+    });
+    fs::write(t.join("go-init"), "").unwrap();
+    wait_for(STEP, "the init to hang on the backend", || {
+        (real_terraform_with(&init_chdir).len() == 2
+            && read(&t.join("init.out")).contains("Initializing the backend"))
+        .then_some(())
+    });
+    fs::write(t.join("go-r3"), "").unwrap();
+    wait_for(Duration::from_secs(90), "R3 to end", || {
+        progress(&done).contains("r3 ").then_some(())
+    });
+    let r3 = read(&t.join("r3.out"));
+    assert!(r3.contains("Error acquiring the state lock"), "{r3}");
+    assert_eq!(
+        w.moto.lock(STATE).map(|l| l["ID"].clone()),
+        Some(lock["ID"].clone()),
+        "{}",
+        pod.log()
+    );
+    assert!(
+        pod.log()
+            .lines()
+            .any(|l| l.contains("may not be the dead run's")
+                && l.contains("an `init` may be changing the backend")
+                || l.contains("may not be the dead run's") && l.contains(&c.display().to_string())),
+        "the live init is named: {}",
+        pod.log()
+    );
+    // The init ends (here: killed; its record is marked ended in its own directory).
+    for p in real_terraform_with(&init_chdir) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let init_gone = Instant::now();
+    wait_for(STEP, "the init's record marked ended", || {
+        (w.records()
+            .iter()
+            .filter(|(_, r)| !r["ended"].is_null())
+            .count()
+            == 2)
+            .then_some(())
+    });
+    fs::write(t.join("go-r4"), "").unwrap();
+    wait_for(Duration::from_secs(90), "R4 to end", || {
+        progress(&done).contains("r4 ").then_some(())
+    });
+    let released = Instant::now();
+    assert!(
+        progress(&done).contains("r4 0"),
+        "{}\n{}",
+        read(&t.join("r4.out")),
+        pod.log()
+    );
+    assert!(
+        pod.log().contains(&format!(
+            "force-unlocked its state lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{}",
+        pod.log()
+    );
+    println!(
+        "cost: the dead run's lock waited {:.1}s after its terraform died, {:.1}s of it while the live init ran; released (R4 done) {:.1}s after the init ended",
+        released.duration_since(killed).as_secs_f64(),
+        init_gone.duration_since(killed).as_secs_f64(),
+        released.duration_since(init_gone).as_secs_f64()
+    );
+    drop(blackhole);
+    assert!(pod.wait().success(), "{}", pod.log());
+}

@@ -156,7 +156,7 @@ fn the_record_is_on_disk_before_terraform_starts_and_gone_once_it_exits_by_itsel
     let first = snapshot(&w, 1);
     assert_eq!(first.len(), 1, "{first:?}");
     let r = &first[0];
-    assert_eq!(r["v"], 3);
+    assert_eq!(r["v"], 4);
     assert_eq!(r["owner"]["name"], "pod-r");
     assert_eq!(r["owner"]["boot_id"], boot.trim());
     assert_eq!(r["owner"]["pid"], 1);

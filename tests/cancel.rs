@@ -288,7 +288,15 @@ fn a_cancel_of_an_unknown_run_or_directory_says_so_and_sends_nothing() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("\"7\" is not a run id: ids look like r7"),
+        err.contains("\"7\" is not a run id: ids are r and"),
+        "{err}"
+    );
+    // Leading zeros are refused, not read as another id (r00004 is not r4).
+    let out = init.client(&["cancel", "r00004"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("\"r00004\" is not a run id") && err.contains("without leading zeros"),
         "{err}"
     );
 

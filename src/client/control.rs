@@ -168,7 +168,7 @@ pub fn resume() -> i32 {
 pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool) -> i32 {
     if let Some(id) = run.filter(|id| RunId::parse(id).is_none()) {
         eprintln!(
-            "tfinit: {id:?} is not a run id: ids look like r7, as `tfinit status` shows them"
+            "tfinit: {id:?} is not a run id: ids are r and the run's number without leading zeros, e.g. r7, as `tfinit status` shows them"
         );
         return 2;
     }

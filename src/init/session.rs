@@ -242,7 +242,7 @@ fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
 fn cancel_target(c: &CancelRequest) -> Result<CancelTarget, String> {
     match (&c.run, &c.workdir) {
         (Some(id), None) => RunId::parse(id).map(CancelTarget::Run).ok_or_else(|| {
-            format!("{id:?} is not a run id: ids look like r7, as `tfinit status` shows them")
+            format!("{id:?} is not a run id: ids are r and the run's number without leading zeros, e.g. r7, as `tfinit status` shows them")
         }),
         (None, Some(dir)) if Path::new(dir).is_absolute() => {
             Ok(CancelTarget::Workdir(normal_dir(Path::new(dir))))
@@ -384,6 +384,7 @@ mod tests {
             (Some("7"), None, "is not a run id"),
             (Some("r"), None, "is not a run id"),
             (Some("r99999999999999999999"), None, "is not a run id"),
+            (Some("r00004"), None, "without leading zeros"),
             (None, Some("tf/x"), "not an absolute path"),
             (Some("r1"), Some("/tf"), "either a run or a workdir"),
             (None, None, "either a run or a workdir"),

@@ -60,16 +60,17 @@ pub struct InitArgs {
     pub rewrite: Option<String>,
 
     /// Budget from the first SIGTERM (or the controller's exit) to the hard kill. Match the pod's
-    /// terminationGracePeriodSeconds. Default 30s.
+    /// terminationGracePeriodSeconds. Default 30s; more than STOP_TIMEOUT + KILL_MARGIN.
     #[arg(long, env = "TFINIT_GRACE_PERIOD", value_name = "DURATION", value_parser = text())]
     pub grace_period: Option<String>,
 
     /// How long before the deadline terraform runs get their one graceful SIGTERM; also how long an
-    /// abandoned run may take to stop before its group is SIGKILLed. Default 10s.
+    /// abandoned run may take to stop before its group is SIGKILLed. Default 10s; at least
+    /// KILL_MARGIN + 1s.
     #[arg(long, env = "TFINIT_STOP_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub stop_timeout: Option<String>,
 
-    /// How long before the deadline everything left is SIGKILLed. Default 2s.
+    /// How long before the deadline everything left is SIGKILLed. Default 2s; at least 1s.
     #[arg(long, env = "TFINIT_KILL_MARGIN", value_name = "DURATION", value_parser = text())]
     pub kill_margin: Option<String>,
 
@@ -97,7 +98,8 @@ pub struct InitArgs {
     #[arg(long, env = "TFINIT_OWNER_TTL", value_name = "DURATION", value_parser = text())]
     pub owner_ttl: Option<String>,
 
-    /// How long a state-locking run waits for its lock-owner record to be written. Default 30s.
+    /// How long a state-locking run waits for its lock-owner record to be written. Default 30s;
+    /// at least 1s.
     #[arg(long, env = "TFINIT_RECORD_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub record_timeout: Option<String>,
 

@@ -157,7 +157,8 @@ pub enum Command {
             conflicts_with = "workdir"
         )]
         run: Option<String>,
-        /// Every run whose working directory (its cwd, or cwd + -chdir) is DIR.
+        /// Every run whose working directory (its cwd, or cwd + -chdir) is DIR: the same directory
+        /// (device and inode), whatever path reached it.
         #[arg(long, value_name = "DIR", value_parser = path())]
         workdir: Option<PathBuf>,
         /// SIGKILL the run's process group at once instead (terraform cannot release its lock).

@@ -16,7 +16,7 @@ def main():
     rows = [
         ("rounds", "rounds"),
         ("SIGTERM, grace long enough (25-30 s)", "sigterm_long"),
-        ("SIGTERM, grace too short (2-5 s)", "sigterm_short"),
+        ("SIGTERM, grace too short (4-7 s)", "sigterm_short"),
         ("SIGKILL (node loss)", "sigkill"),
         ("next pod reconciled within TTL + retry + apply", "reconciled_in_bound"),
         ("stuck locks (left after the next pod's attempts)", "stuck_locks"),

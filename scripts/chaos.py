@@ -111,6 +111,16 @@ class Backend:
         self.ddb.delete_item(TableName="tflock", Key={"LockID": {"S": LOCK_ID}})
 
 
+def kill_margin_ms(grace):
+    """TFINIT_KILL_MARGIN for a grace period of `grace` s: a tenth of it, 1 to 2 s."""
+    return int(max(1000, min(2000, grace * 1000 * 0.1)))
+
+
+def stop_timeout_ms(grace):
+    """TFINIT_STOP_TIMEOUT: 40 % of the grace period, at most 10 s, at least 1 s over the margin."""
+    return int(max(kill_margin_ms(grace) + 1000, min(10000, grace * 1000 * 0.4)))
+
+
 class Pod:
     """A PID namespace with its own hostname, the init as PID 1, a reconciling controller."""
 
@@ -126,8 +136,10 @@ class Pod:
             "TFINIT_STATE_DIR": state_dir,
             "TFINIT_OWNER_TTL": "%ds" % OWNER_TTL,
             "TFINIT_GRACE_PERIOD": "%ds" % grace,
-            "TFINIT_STOP_TIMEOUT": "%dms" % int(max(500, min(10000, grace * 1000 * 0.4))),
-            "TFINIT_KILL_MARGIN": "%dms" % int(max(200, min(2000, grace * 1000 * 0.1))),
+            # The least budget tfinit takes (src/config.rs): a margin of 1 s, a stop timeout 1 s
+            # longer, the grace period over both.
+            "TFINIT_STOP_TIMEOUT": "%dms" % stop_timeout_ms(grace),
+            "TFINIT_KILL_MARGIN": "%dms" % kill_margin_ms(grace),
             "TFINIT_LOG": "info",
             "TFINIT_RUN_DIR": os.path.join(work, "run-" + name),
             "TF_VAR_round": str(rnd),
@@ -261,7 +273,7 @@ def run(args):
     for rnd in range(1, args.rounds + 1):
         pod_no += 1
         kind = rng.choice(["sigterm_long", "sigterm_short", "sigkill"])
-        grace = rng.choice([25, 30]) if kind == "sigterm_long" else rng.choice([2, 3, 4, 5])
+        grace = rng.choice([25, 30]) if kind == "sigterm_long" else rng.choice([4, 5, 6, 7])
         a = Pod("pod-%d" % pod_no, args.init, work, state_dir, rnd, grace, logdir, forever=True)
         # A random moment in the apply: after the destroys and while creates run.
         deadline = time.monotonic() + 60

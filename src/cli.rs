@@ -60,16 +60,17 @@ pub struct InitArgs {
     pub rewrite: Option<String>,
 
     /// Budget from the first SIGTERM (or the controller's exit) to the hard kill. Match the pod's
-    /// terminationGracePeriodSeconds. Default 30s.
+    /// terminationGracePeriodSeconds. Default 30s; more than STOP_TIMEOUT + KILL_MARGIN.
     #[arg(long, env = "TFINIT_GRACE_PERIOD", value_name = "DURATION", value_parser = text())]
     pub grace_period: Option<String>,
 
     /// How long before the deadline terraform runs get their one graceful SIGTERM; also how long an
-    /// abandoned run may take to stop before its group is SIGKILLed. Default 10s.
+    /// abandoned run may take to stop before its group is SIGKILLed. Default 10s; at least
+    /// KILL_MARGIN + 1s.
     #[arg(long, env = "TFINIT_STOP_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub stop_timeout: Option<String>,
 
-    /// How long before the deadline everything left is SIGKILLed. Default 2s.
+    /// How long before the deadline everything left is SIGKILLed. Default 2s; at least 1s.
     #[arg(long, env = "TFINIT_KILL_MARGIN", value_name = "DURATION", value_parser = text())]
     pub kill_margin: Option<String>,
 
@@ -103,7 +104,8 @@ pub struct InitArgs {
     #[arg(long, env = "TFINIT_OLDER_OWNER_TTL", value_name = "DURATION", value_parser = text())]
     pub older_owner_ttl: Option<String>,
 
-    /// How long a state-locking run waits for its lock-owner record to be written. Default 30s.
+    /// How long a state-locking run waits for its lock-owner record to be written. Default 30s;
+    /// at least 1s.
     #[arg(long, env = "TFINIT_RECORD_TIMEOUT", value_name = "DURATION", value_parser = text())]
     pub record_timeout: Option<String>,
 
@@ -161,7 +163,8 @@ pub enum Command {
             conflicts_with = "workdir"
         )]
         run: Option<String>,
-        /// Every run whose working directory (its cwd, or cwd + -chdir) is DIR.
+        /// Every run whose working directory (its cwd, or cwd + -chdir) is DIR: the same directory
+        /// (device and inode), whatever path reached it.
         #[arg(long, value_name = "DIR", value_parser = path())]
         workdir: Option<PathBuf>,
         /// SIGKILL the run's process group at once instead (terraform cannot release its lock).

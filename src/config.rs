@@ -9,7 +9,7 @@ use clap::parser::ValueSource;
 use clap::ArgMatches;
 
 use crate::cli::InitArgs;
-use crate::duration::{fmt_duration, parse_duration};
+use crate::duration::{fmt_duration, parse_duration, MAX_DURATION};
 use crate::locks::names::owner_problem;
 use crate::signals::{self, Rewrites};
 use crate::sys::SigNo;
@@ -84,6 +84,23 @@ pub struct InitConfig {
     pub max_runs: Option<NonZeroUsize>,
     /// The pod's UID when the downward API provides it (TFINIT_POD_UID or POD_UID).
     pub pod_uid: Option<String>,
+    /// Values ignored rather than refused, to log as warnings once the log is set up.
+    pub warnings: Vec<ConfigWarning>,
+}
+
+/// A value tfinit ignores, as if unset, and says so (one line naming the variable).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigWarning {
+    /// TFINIT_POD_UID or POD_UID is not UTF-8 (records are JSON text).
+    #[error(
+        "{var}={value:?} is not valid UTF-8: ignored as if unset (lock-owner records carry the pod's UID as text); set it from the downward API (fieldRef: metadata.uid), which gives a UUID"
+    )]
+    PodUidNotUtf8 {
+        /// The variable.
+        var: &'static str,
+        /// Its value, invalid bytes shown as U+FFFD.
+        value: String,
+    },
 }
 
 /// Default grace period: Kubernetes' default terminationGracePeriodSeconds.
@@ -98,6 +115,35 @@ pub(crate) const DEFAULT_OWNER_TTL: Duration = Duration::from_secs(30);
 pub(crate) const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default state directory.
 pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/tfinit";
+
+/// The least TFINIT_KILL_MARGIN. After its SIGKILL the init reaps what is left and waits up to
+/// 1 s (init/records.rs `EXIT_WAIT`) for the killed runs' records to be marked ended, all before
+/// the runtime's own SIGKILL at the deadline: a shorter margin cuts that wait, and a record left
+/// without its `ended` makes the next run's lock check wait for liveness instead of deciding at
+/// once. 0 would put tfinit's kill step on the runtime's.
+pub const MIN_KILL_MARGIN: Duration = Duration::from_secs(1);
+
+/// How much longer than TFINIT_KILL_MARGIN TFINIT_STOP_TIMEOUT must be at the least. At shutdown
+/// terraform gets its graceful SIGTERM at deadline − STOP_TIMEOUT and the SIGKILL at deadline −
+/// KILL_MARGIN: the difference is all it has to write its state and release its lock, which on a
+/// remote backend takes up to a second even with nothing left in flight. At or below the margin,
+/// the SIGKILL would come with the SIGTERM or before it.
+pub const MIN_STOP_GAP: Duration = Duration::from_secs(1);
+
+/// The least TFINIT_RECORD_TIMEOUT. A record is four file operations (create, fsync, rename,
+/// fsync of the directory), after a heartbeat of four more when the last is older than TTL/3:
+/// 1 s leaves 125 ms for each, which a network volume under load takes. Less, and a healthy but
+/// slow volume makes state-locking runs start without their record (and every run after them,
+/// until a write lands), which is what the wait is for; 0 starts every run before its record.
+pub const MIN_RECORD_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The least TFINIT_OWNER_TTL: heartbeats are written every TTL/3.
+pub const MIN_OWNER_TTL: Duration = Duration::from_secs(1);
+
+/// The longest TFINIT_STATE_DIR: the longest path tfinit makes in it, a record's temporary file
+/// `/records/` + a name of at most 255 bytes (locks/names.rs), must fit in PATH_MAX (4096 bytes
+/// with the terminating NUL), or every write there fails with ENAMETOOLONG.
+pub const MAX_STATE_DIR: usize = 4096 - 1 - "/records/".len() - 255;
 
 /// A setting, by its clap id (the field of [`InitArgs`]): `grace_period` is the variable
 /// `TFINIT_GRACE_PERIOD` and the flag `--grace-period`.
@@ -227,10 +273,11 @@ pub(crate) fn default_run_dir() -> PathBuf {
     }
 }
 
-/// The run directory clients use: TFINIT_RUN_DIR, else the default.
+/// The run directory clients use: TFINIT_RUN_DIR, else (unset, empty or blank, as for the
+/// init) the default.
 pub(crate) fn client_run_dir() -> PathBuf {
     match std::env::var_os("TFINIT_RUN_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
+        Some(d) if !blank_path(&d) => PathBuf::from(d),
         _ => default_run_dir(),
     }
 }
@@ -253,9 +300,15 @@ fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().filter(|s| !s.trim().is_empty())
 }
 
-/// A path setting as given: None when unset or empty.
+/// A path setting as given: None when unset, empty or blank (as any other setting; a path of
+/// spaces is no directory anyone means).
 fn given_path(value: &Option<PathBuf>) -> Option<&PathBuf> {
-    value.as_ref().filter(|p| !p.as_os_str().is_empty())
+    value.as_ref().filter(|p| !blank_path(p.as_os_str()))
+}
+
+/// Whether a path setting's value counts as unset: empty, or only whitespace.
+fn blank_path(p: &std::ffi::OsStr) -> bool {
+    p.to_str().map_or(p.is_empty(), |s| s.trim().is_empty())
 }
 
 /// One duration of the shutdown budget, as an error names it.
@@ -287,42 +340,105 @@ impl Part {
     }
 }
 
-/// STOP_TIMEOUT + KILL_MARGIN must be smaller than GRACE_PERIOD. The error names all three where
-/// they came from and blames one the user gave (the grace period first: it is the one lowered to
-/// match a pod), with an example that fits the other two.
+/// Whether a shutdown budget `[grace, stop, margin]` keeps every rule: the kill margin is at
+/// least [`MIN_KILL_MARGIN`], the stop timeout at least [`MIN_STOP_GAP`] longer than it, and the
+/// two together smaller than the grace period (at most a year, as any duration).
+fn keeps_rules([grace, stop, margin]: [Duration; 3]) -> bool {
+    margin >= MIN_KILL_MARGIN
+        && stop >= margin + MIN_STOP_GAP
+        && stop + margin < grace
+        && grace <= MAX_DURATION
+}
+
+/// The rules of the budget, each checked once the one before holds: the kill margin leaves the
+/// init time to exit (KILL_MARGIN ≥ 1s), the stop timeout leaves terraform time before the
+/// SIGKILL (STOP_TIMEOUT ≥ KILL_MARGIN + 1s), and both fit in the grace period (STOP_TIMEOUT +
+/// KILL_MARGIN < GRACE_PERIOD). The error names the durations where they came from and blames
+/// one the user gave, with an example that keeps every rule beside the other two when there is
+/// one.
 fn check_budget(n: &Namer, args: &InitArgs, budget: [Duration; 3]) -> Result<(), ConfigError> {
     let [grace, stop, margin] = budget;
-    if stop + margin < grace {
-        return Ok(());
-    }
     let grace = Part::new(n, "grace_period", given(&args.grace_period), grace);
     let stop = Part::new(n, "stop_timeout", given(&args.stop_timeout), stop);
     let margin = Part::new(n, "kill_margin", given(&args.kill_margin), margin);
-    let problem = format!(
-        "{} + {} must be smaller than {}: raise the grace period (and the pod's \
-         terminationGracePeriodSeconds) or lower the other two",
-        stop.shown(),
-        margin.shown(),
-        grace.shown(),
-    );
+    let (g, s, m) = (grace.value, stop.value, margin.value);
     let second = Duration::from_secs(1);
-    let fits = |total: &Part, other: &Part| {
-        total
-            .value
-            .checked_sub(other.value + second)
-            .filter(|d| !d.is_zero())
-            .map(fmt_duration)
+    // What each part could be beside the other two: the grace period from just above their
+    // sum, the stop timeout between the gap and what the grace period leaves, the margin up to
+    // both of those.
+    let grace_least = s + m + second;
+    let stop_least = m + MIN_STOP_GAP;
+    let stop_most = g.saturating_sub(m + second);
+    let margin_most = s
+        .saturating_sub(MIN_STOP_GAP)
+        .min(g.saturating_sub(s + second));
+    // The values to suggest for each part (0 grace, 1 stop, 2 margin), preferred first: the
+    // least stop timeout or the largest margin for the gap, the least grace period or the
+    // largest other two for the sum.
+    let (problem, fixes): (String, Vec<(usize, Duration)>) = if m < MIN_KILL_MARGIN {
+        let problem = format!(
+            "must be at least {}: after its SIGKILL at the deadline minus the margin the init \
+             reaps what is left and waits up to 1s for the killed runs' records to be marked \
+             ended, all before the runtime's own SIGKILL at the deadline",
+            fmt_duration(MIN_KILL_MARGIN)
+        );
+        let fixes = [
+            (2, DEFAULT_KILL_MARGIN),
+            (2, margin_most),
+            (2, MIN_KILL_MARGIN),
+        ];
+        (problem, fixes.to_vec())
+    } else if s < m + MIN_STOP_GAP {
+        let problem = format!(
+            "{} must be at least {} longer than {}: terraform gets its graceful SIGTERM at the \
+             deadline minus the stop timeout and the SIGKILL at the deadline minus the kill \
+             margin, and the difference is all it has to save its state and release its lock; \
+             raise the stop timeout or lower the kill margin",
+            stop.shown(),
+            fmt_duration(MIN_STOP_GAP),
+            margin.shown(),
+        );
+        let fixes = [
+            (1, stop_least),
+            (1, stop_most),
+            (2, margin_most),
+            (2, MIN_KILL_MARGIN),
+        ];
+        (problem, fixes.to_vec())
+    } else if s + m >= g {
+        let problem = format!(
+            "{} + {} must be smaller than {}: raise the grace period (and the pod's \
+             terminationGracePeriodSeconds) or lower the other two",
+            stop.shown(),
+            margin.shown(),
+            grace.shown(),
+        );
+        let fixes = [
+            (0, grace_least),
+            (1, stop_most),
+            (2, margin_most),
+            (2, MIN_KILL_MARGIN),
+        ];
+        (problem, fixes.to_vec())
+    } else {
+        return Ok(());
     };
-    let grace_example = fmt_duration(stop.value + margin.value + second);
-    let candidates = [
-        (&grace, Some(grace_example.clone())),
-        (&stop, fits(&grace, &margin)),
-        (&margin, fits(&grace, &stop)),
-    ];
-    let (blamed, example) = candidates
-        .into_iter()
-        .find_map(|(part, example)| Some((part, example.filter(|_| part.given.is_some())?)))
-        .unwrap_or((&grace, grace_example));
+    let parts = [&grace, &stop, &margin];
+    let given = |i: usize| parts[i].given.is_some();
+    let fixed = |(i, v): (usize, Duration)| {
+        let mut b = [g, s, m];
+        b[i] = v;
+        b
+    };
+    // A value the user gave is blamed, with a suggestion that keeps every rule; failing that,
+    // one that mends the rule broken.
+    let (i, example) = fixes
+        .iter()
+        .copied()
+        .find(|&(i, v)| given(i) && keeps_rules(fixed((i, v))))
+        .or_else(|| fixes.iter().copied().find(|&(i, _)| given(i)))
+        .unwrap_or(fixes[0]);
+    let blamed = parts[i];
     Err(ConfigError {
         source_name: blamed.name.clone(),
         value: blamed
@@ -330,7 +446,7 @@ fn check_budget(n: &Namer, args: &InitArgs, budget: [Duration; 3]) -> Result<(),
             .clone()
             .unwrap_or_else(|| fmt_duration(blamed.value)),
         problem,
-        example,
+        example: fmt_duration(example),
     })
 }
 
@@ -342,12 +458,7 @@ impl InitConfig {
         let (grace_period, stop_timeout, kill_margin) = budget(&n, args)?;
         let (log_level, log_format) = logs(&n, args)?;
         let run_dir = run_dir(&n, args)?;
-        let state_dir = n.path(
-            "state_dir",
-            given_path(&args.state_dir),
-            PathBuf::from(DEFAULT_STATE_DIR),
-            DEFAULT_STATE_DIR,
-        )?;
+        let state_dir = state_dir(&n, args)?;
         let owner = owner(&n, args)?;
         let (owner_ttl, record_timeout) = record_timers(&n, args)?;
         let older_owner_ttl = older_owner_ttl(&n, args)?;
@@ -361,6 +472,8 @@ impl InitConfig {
             crate::metrics_server::parse_addr,
         )?;
         let max_runs = n.parse("max_runs", given(&args.max_runs), "4", parse_max_runs)?;
+        let mut warnings = Vec::new();
+        let pod_uid = pod_uid(&mut warnings);
         Ok(InitConfig {
             forward,
             rewrite,
@@ -378,7 +491,8 @@ impl InitConfig {
             force_unlock,
             metrics_addr,
             max_runs,
-            pod_uid: pod_uid(),
+            pod_uid,
+            warnings,
         })
     }
 }
@@ -401,21 +515,29 @@ fn forwarding(n: &Namer, args: &InitArgs) -> Result<(ForwardTo, Rewrites), Confi
 
 /// The shutdown budget: grace period, stop timeout, kill margin, which must fit together.
 fn budget(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration, Duration), ConfigError> {
-    let durations = [
-        ("grace_period", &args.grace_period, DEFAULT_GRACE, "30s"),
-        (
-            "stop_timeout",
-            &args.stop_timeout,
-            DEFAULT_STOP_TIMEOUT,
-            "10s",
-        ),
-        ("kill_margin", &args.kill_margin, DEFAULT_KILL_MARGIN, "2s"),
+    let grace = n.parse(
+        "grace_period",
+        given(&args.grace_period),
+        "30s",
+        parse_duration,
+    )?;
+    let stop = n.parse(
+        "stop_timeout",
+        given(&args.stop_timeout),
+        "10s",
+        parse_duration,
+    )?;
+    let margin = n.parse(
+        "kill_margin",
+        given(&args.kill_margin),
+        "2s",
+        parse_duration,
+    )?;
+    let budget = [
+        grace.unwrap_or(DEFAULT_GRACE),
+        stop.unwrap_or(DEFAULT_STOP_TIMEOUT),
+        margin.unwrap_or(DEFAULT_KILL_MARGIN),
     ];
-    let [grace, stop, margin] = durations.map(|(key, value, default, example)| {
-        let d = n.parse(key, given(value), example, parse_duration)?;
-        Ok(d.unwrap_or(default))
-    });
-    let budget = [grace?, stop?, margin?];
     check_budget(n, args, budget)?;
     let [grace, stop, margin] = budget;
     Ok((grace, stop, margin))
@@ -459,6 +581,28 @@ fn run_dir(n: &Namer, args: &InitArgs) -> Result<PathBuf, ConfigError> {
     Ok(run_dir)
 }
 
+/// The records' directory: a given one must leave room for the longest path tfinit makes in it
+/// ([`MAX_STATE_DIR`]).
+fn state_dir(n: &Namer, args: &InitArgs) -> Result<PathBuf, ConfigError> {
+    let given = given_path(&args.state_dir);
+    let default = PathBuf::from(DEFAULT_STATE_DIR);
+    let dir = n.path("state_dir", given, default, DEFAULT_STATE_DIR)?;
+    let len = dir.as_os_str().len();
+    if len > MAX_STATE_DIR {
+        return Err(n.bad(
+            "state_dir",
+            &dir.to_string_lossy(),
+            &format!(
+                "too long: {len} bytes, and a path in it (a record's temporary file, \
+                 /records/ and up to 255 bytes) must fit in the 4096 bytes of PATH_MAX, so the \
+                 directory may have at most {MAX_STATE_DIR}"
+            ),
+            DEFAULT_STATE_DIR,
+        ));
+    }
+    Ok(dir)
+}
+
 /// This owner's name in records: TFINIT_OWNER, else the hostname, checked alike (it becomes
 /// file names just the same).
 fn owner(n: &Namer, args: &InitArgs) -> Result<String, ConfigError> {
@@ -481,17 +625,29 @@ fn owner(n: &Namer, args: &InitArgs) -> Result<String, ConfigError> {
     })
 }
 
-/// The owner TTL (at least 1 s: heartbeats every TTL/3) and the record timeout.
+/// The owner TTL (at least 1 s: heartbeats every TTL/3) and the record timeout (at least
+/// [`MIN_RECORD_TIMEOUT`]).
 fn record_timers(n: &Namer, args: &InitArgs) -> Result<(Duration, Duration), ConfigError> {
     let ttl = n.parse("owner_ttl", given(&args.owner_ttl), "30s", |v| {
         let ttl = parse_duration(v)?;
-        if ttl < Duration::from_secs(1) {
+        if ttl < MIN_OWNER_TTL {
             return Err("must be at least 1s (heartbeats are written every TTL/3)".into());
         }
         Ok(ttl)
     })?;
     let text = given(&args.record_timeout);
-    let record_timeout = n.parse("record_timeout", text, "30s", parse_duration)?;
+    let record_timeout = n.parse("record_timeout", text, "30s", |v| {
+        let timeout = parse_duration(v)?;
+        if timeout < MIN_RECORD_TIMEOUT {
+            return Err(format!(
+                "must be at least {}: a record takes up to eight file operations (with a \
+                 heartbeat first), and a state-locking run whose record is not written in time \
+                 starts without it (with 0, every one would)",
+                fmt_duration(MIN_RECORD_TIMEOUT)
+            ));
+        }
+        Ok(timeout)
+    })?;
     Ok((
         ttl.unwrap_or(DEFAULT_OWNER_TTL),
         record_timeout.unwrap_or(DEFAULT_RECORD_TIMEOUT),
@@ -519,10 +675,19 @@ fn older_owner_ttl(n: &Namer, args: &InitArgs) -> Result<Duration, ConfigError> 
 }
 
 /// TFINIT_MAX_RUNS: a whole number of runs, at least 1 (unset means no limit, so 0 would only be
-/// a mistake: every run would wait forever).
+/// a mistake: every run would wait forever). Digits only: usize's parser would take `+4`.
 fn parse_max_runs(v: &str) -> Result<NonZeroUsize, String> {
-    let n: usize = v.trim().parse().map_err(|_| {
-        "must be a whole number of runs, at least 1 (leave it unset for no limit)".to_string()
+    let v = v.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(
+            "must be a whole number of runs, at least 1 (leave it unset for no limit)".to_string(),
+        );
+    }
+    let n: usize = v.parse().map_err(|_| {
+        format!(
+            "overflows: a cap is at most {} runs (leave it unset for no limit)",
+            usize::MAX
+        )
     })?;
     NonZeroUsize::new(n).ok_or_else(|| {
         "must be at least 1: with 0 no terraform run could ever start (leave it unset for no limit)"
@@ -530,11 +695,25 @@ fn parse_max_runs(v: &str) -> Result<NonZeroUsize, String> {
     })
 }
 
-/// The pod's UID from the downward API: TFINIT_POD_UID, else POD_UID.
-fn pod_uid() -> Option<String> {
-    ["TFINIT_POD_UID", "POD_UID"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+/// The pod's UID from the downward API: TFINIT_POD_UID, else POD_UID. Empty and blank count as
+/// unset; a value that is not UTF-8 cannot go in a record (JSON text): it counts as unset too,
+/// with a warning, rather than be dropped in silence (the records would lack the UID and nobody
+/// would know why) or stop the init (the variable may be set by something else than tfinit's
+/// manifest).
+fn pod_uid(warnings: &mut Vec<ConfigWarning>) -> Option<String> {
+    for var in ["TFINIT_POD_UID", "POD_UID"] {
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => return Some(v),
+            Ok(_) | Err(std::env::VarError::NotPresent) => {}
+            Err(std::env::VarError::NotUnicode(raw)) => {
+                warnings.push(ConfigWarning::PodUidNotUtf8 {
+                    var,
+                    value: raw.to_string_lossy().into_owned(),
+                });
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -599,6 +778,165 @@ mod tests {
         let cfg = InitConfig::from_args(&args, None).unwrap();
         assert_eq!(cfg.grace_period, DEFAULT_GRACE);
         assert_eq!(cfg.forward, ForwardTo::Group);
+        // Paths too: a blank directory is no directory anyone means.
+        let args = InitArgs {
+            run_dir: Some(PathBuf::from("   ")),
+            state_dir: Some(PathBuf::from(" \t ")),
+            ..Default::default()
+        };
+        let cfg = InitConfig::from_args(&args, None).unwrap();
+        assert_eq!(cfg.run_dir, default_run_dir());
+        assert_eq!(cfg.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+    }
+
+    /// The budget `[grace, stop, margin]` as given texts, validated.
+    fn budget_of(grace: &str, stop: &str, margin: &str) -> Result<InitConfig, String> {
+        let text = |v: &str| (!v.is_empty()).then(|| v.to_string());
+        let args = InitArgs {
+            grace_period: text(grace),
+            stop_timeout: text(stop),
+            kill_margin: text(margin),
+            ..Default::default()
+        };
+        InitConfig::from_args(&args, None).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn each_bound_of_the_shutdown_budget_refuses_the_value_past_it_and_takes_the_one_on_it() {
+        // The kill margin: at least 1s.
+        assert!(budget_of("", "", "999ms")
+            .unwrap_err()
+            .contains("must be at least 1s: after its SIGKILL"));
+        assert!(budget_of("", "", "0").is_err());
+        assert_eq!(
+            budget_of("", "", "1s").unwrap().kill_margin,
+            MIN_KILL_MARGIN
+        );
+        // The stop timeout: at least 1s longer than the kill margin (2s by default).
+        let e = budget_of("", "2999ms", "").unwrap_err();
+        assert!(
+            e.contains("TFINIT_STOP_TIMEOUT (2999ms) must be at least 1s longer than TFINIT_KILL_MARGIN (2s, the default)"),
+            "{e}"
+        );
+        assert!(e.contains("for example TFINIT_STOP_TIMEOUT=3s"), "{e}");
+        assert!(budget_of("", "0", "").is_err());
+        assert_eq!(
+            budget_of("", "3s", "").unwrap().stop_timeout,
+            Duration::from_secs(3)
+        );
+        // The kill margin below the stop timeout by 1s (10s by default).
+        let e = budget_of("", "", "9001ms").unwrap_err();
+        assert!(e.contains("for example TFINIT_KILL_MARGIN=9s"), "{e}");
+        assert!(budget_of("", "", "9s").is_ok());
+        // Both inside the grace period (30s by default): smaller, not equal.
+        assert!(budget_of("", "28s", "2s").is_err());
+        assert!(budget_of("", "27999ms", "2s").is_ok());
+        assert!(
+            budget_of("3s", "2s", "1s").is_err(),
+            "the least grace period is over 3s"
+        );
+        assert!(budget_of("3001ms", "2s", "1s").is_ok());
+        // At most a year, as any duration.
+        assert!(budget_of("8761h", "", "").is_err());
+        assert!(budget_of("8760h", "", "").is_ok());
+    }
+
+    /// Whichever rule a budget breaks, the example the error gives is one that works, when one
+    /// exists beside the other two values: tried over a grid of given and default values.
+    #[test]
+    fn the_example_of_every_refused_budget_is_accepted_in_its_place() {
+        let values = [
+            "", "0", "1s", "2s", "3s", "5s", "10s", "12s", "29s", "30s", "40s",
+        ];
+        let mut refused = 0;
+        for grace in values {
+            for stop in values {
+                for margin in values {
+                    let Err(e) = budget_of(grace, stop, margin) else {
+                        continue;
+                    };
+                    refused += 1;
+                    let (name, example) = e
+                        .rsplit_once("; for example ")
+                        .and_then(|(_, ex)| ex.split_once('='))
+                        .unwrap_or_else(|| panic!("no example: {e}"));
+                    let mut fixed = [grace, stop, margin];
+                    let i = [
+                        "TFINIT_GRACE_PERIOD",
+                        "TFINIT_STOP_TIMEOUT",
+                        "TFINIT_KILL_MARGIN",
+                    ]
+                    .iter()
+                    .position(|n| *n == name)
+                    .unwrap_or_else(|| panic!("names no duration: {e}"));
+                    fixed[i] = example;
+                    // A fix that keeps every rule exists when some value of the blamed part
+                    // does; the example is then one.
+                    let fixable = values.iter().chain(&[example]).any(|v| {
+                        let mut b = [grace, stop, margin];
+                        b[i] = v;
+                        budget_of(b[0], b[1], b[2]).is_ok()
+                    });
+                    let [g, s, m] = fixed;
+                    let after = budget_of(g, s, m);
+                    assert!(
+                        after.is_ok() || !fixable,
+                        "{grace:?} {stop:?} {margin:?}: {e}\n  the example refused: {after:?}"
+                    );
+                }
+            }
+        }
+        assert!(refused > 100, "the grid covers the rules: {refused}");
+    }
+
+    #[test]
+    fn a_record_timeout_under_a_second_is_refused_since_runs_would_start_without_records() {
+        let with = |v: &str| InitArgs {
+            record_timeout: Some(v.into()),
+            ..Default::default()
+        };
+        for bad in ["0", "0s", "999ms"] {
+            let e = InitConfig::from_args(&with(bad), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("must be at least 1s") && e.contains("starts without it"),
+                "{e}"
+            );
+        }
+        let cfg = InitConfig::from_args(&with("1s"), None).unwrap();
+        assert_eq!(cfg.record_timeout, MIN_RECORD_TIMEOUT);
+    }
+
+    #[test]
+    fn a_state_directory_too_long_for_the_paths_made_in_it_is_refused() {
+        let with = |len: usize| InitArgs {
+            state_dir: Some(PathBuf::from(format!("/{}", "d".repeat(len - 1)))),
+            ..Default::default()
+        };
+        assert_eq!(MAX_STATE_DIR, 3831);
+        assert!(InitConfig::from_args(&with(MAX_STATE_DIR), None).is_ok());
+        let e = InitConfig::from_args(&with(MAX_STATE_DIR + 1), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("too long: 3832 bytes") && e.contains("at most 3831"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_cap_of_runs_is_digits_and_one_too_large_for_a_number_is_said_to_overflow() {
+        assert_eq!(parse_max_runs(" 4 ").unwrap().get(), 4);
+        for bad in ["+4", "-4", "4.0", "0x4"] {
+            assert!(
+                parse_max_runs(bad).unwrap_err().contains("whole number"),
+                "{bad}"
+            );
+        }
+        assert!(parse_max_runs("99999999999999999999999999")
+            .unwrap_err()
+            .contains("overflows"));
     }
 
     #[test]

@@ -9,8 +9,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if t.is_empty() {
         return Err("empty duration".into());
     }
-    if let Ok(secs) = t.parse::<u64>() {
-        return checked_secs(secs);
+    // Digits only: u64's parser would also take a sign (`+30`), which no documented form has.
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse::<u64>()
+            .map_err(|_| overflows(t))
+            .and_then(checked_secs);
     }
     let mut total_ms: u128 = 0;
     let mut rest = t;
@@ -21,9 +25,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         if digits == 0 {
             return Err(format!("expected a number at {rest:?}"));
         }
-        let n: u128 = rest[..digits]
-            .parse()
-            .map_err(|_| "number too large".to_string())?;
+        let n: u128 = rest[..digits].parse().map_err(|_| overflows(t))?;
         rest = &rest[digits..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit())
@@ -38,9 +40,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "" => return Err("a number needs a unit when more follow".into()),
             other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
         };
-        total_ms = total_ms
-            .checked_add(n.checked_mul(ms_per).ok_or("duration too large")?)
-            .ok_or("duration too large")?;
+        total_ms = n
+            .checked_mul(ms_per)
+            .and_then(|ms| total_ms.checked_add(ms))
+            .ok_or_else(|| overflows(t))?;
     }
     if total_ms > MAX_DURATION.as_millis() {
         return Err("longer than a year".into());
@@ -49,7 +52,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Durations beyond this are refused: a grace period of years is a typo.
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The problem of a duration `text` too large for any number to hold: said as such, since
+/// "a number needs a unit" or "unknown unit" would send the reader looking for the wrong fault.
+fn overflows(text: &str) -> String {
+    format!("{text} overflows: a duration is at most a year (8760h)")
+}
 
 fn checked_secs(secs: u64) -> Result<Duration, String> {
     if secs > MAX_DURATION.as_secs() {
@@ -101,9 +110,31 @@ mod tests {
             "99999999999999999999",
             "9999h",
             "30 s",
+            "+30",
+            "+30s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn a_number_too_large_for_any_duration_is_said_to_overflow() {
+        for huge in [
+            "99999999999999999999",
+            "99999999999999999999999999",
+            "99999999999999999999999999999999999999999s",
+            "340282366920938463463374607431768211455h",
+            "1h9999999999999999999999999999999999999999ms",
+        ] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(
+                e.contains("overflows") && e.contains("at most a year"),
+                "{huge}: {e}"
+            );
+        }
+        // Within what a number holds but over the bound: named as the bound.
+        assert_eq!(parse_duration("9999h").unwrap_err(), "longer than a year");
+        assert_eq!(parse_duration("8760h"), Ok(MAX_DURATION));
     }
 
     #[test]

@@ -31,22 +31,48 @@ const MAX_HEAD: usize = 8 << 10;
 
 /// Parses `TFINIT_METRICS_ADDR`: `:9102` (every address), `127.0.0.1:9102`, `[::]:9102`, or a
 /// host name and port. Resolving a host name happens here, at start-up, never on the loop.
+/// Strictly: the port is decimal digits without a sign or leading zeros (std's parser would take
+/// `+80`), an IPv6 address is in brackets (`::1:80` could be either), and a host of digits and
+/// dots must be an IPv4 address (the resolver would read `10.1` as 10.0.0.1).
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    let with_host = match s.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => s.to_string(),
-    };
-    let port_ok = with_host
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok());
-    if !port_ok {
-        return Err("must be HOST:PORT or :PORT with a port from 0 to 65535".into());
+    const FORM: &str = "must be HOST:PORT or :PORT with a port from 0 to 65535 in digits, and an \
+                        IPv6 address in brackets ([::1]:9102)";
+    let (host, port) = s.rsplit_once(':').ok_or(FORM)?;
+    let port = strict_port(port).ok_or(FORM)?;
+    if host.is_empty() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
     }
-    with_host
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        let ip: std::net::Ipv6Addr = v6
+            .parse()
+            .map_err(|_| format!("[{v6}] is not an IPv6 address"))?;
+        return Ok(SocketAddr::from((ip, port)));
+    }
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        let ip: std::net::Ipv4Addr = host
+            .parse()
+            .map_err(|_| format!("{host} is not an IPv4 address (four numbers: 127.0.0.1)"))?;
+        return Ok(SocketAddr::from((ip, port)));
+    }
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(FORM.into());
+    }
+    (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot be resolved ({e})"))?
         .next()
         .ok_or_else(|| "resolves to no address".to_string())
+}
+
+/// A port as written in an address: 1 to 5 decimal digits, no sign, no leading zero (but `0`,
+/// which asks the kernel for a free port), at most 65535.
+fn strict_port(p: &str) -> Option<u16> {
+    let digits = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let canonical = p == "0" || !p.starts_with('0');
+    (digits && canonical).then(|| p.parse().ok()).flatten()
 }
 
 /// Binds `addr` and starts the thread that serves `metrics` there; returns the address bound
@@ -168,7 +194,34 @@ mod tests {
             "127.0.0.1:0".parse().unwrap()
         );
         assert_eq!(parse_addr("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
-        for bad in ["9102", ":http", "127.0.0.1:99999", "", ":"] {
+        assert_eq!(
+            parse_addr(":65535").unwrap(),
+            "0.0.0.0:65535".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("localhost:9102").unwrap().port(),
+            9102,
+            "a host name is resolved"
+        );
+        for bad in [
+            "9102",
+            ":http",
+            "127.0.0.1:99999",
+            "",
+            ":",
+            ":+80",
+            ":-80",
+            ": 80",
+            ":080",
+            ":65536",
+            "127.0.0.1:+80",
+            "::1:80",
+            "[::1]:+80",
+            "[nope]:80",
+            "10.1:80",
+            "1.2.3.4.5:80",
+            "local host:80",
+        ] {
             assert!(parse_addr(bad).is_err(), "{bad:?}");
         }
     }

@@ -191,6 +191,17 @@ pub enum Request {
     Cancel(CancelRequest),
 }
 
+/// What a file is, whatever path reached it: its device and inode numbers (stat(2)'s `st_dev`
+/// and `st_ino`). Two paths name the same directory exactly when these are equal, through
+/// symbolic links, bind mounts and `..` alike; the text of a path is only a name.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// The device.
+    pub dev: u64,
+    /// The inode.
+    pub ino: u64,
+}
+
 /// `tfinit cancel`: exactly one of `run` and `workdir`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CancelRequest {
@@ -200,6 +211,11 @@ pub struct CancelRequest {
     /// An absolute directory: every run whose working directory it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
+    /// What `workdir` is, as the client found it: runs whose shim sent their directories' ids are
+    /// matched by these numbers; the others, and all of them when this is absent (an older
+    /// client, a directory that could not be stat'ed), by `workdir`'s text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir_id: Option<FileId>,
     /// SIGKILL the runs' process groups at once instead of the graceful SIGTERM.
     #[serde(default)]
     pub force: bool,
@@ -223,6 +239,14 @@ pub struct RunRequest {
     /// init never reads in a working directory; absent when there is none or it is not valid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
+    /// What `cwd` is, stat'ed by the shim in its own process (the init never stats a working
+    /// directory: a hung volume would stall its loop), for `tfinit cancel --workdir`; absent from
+    /// an older shim or when the stat failed (the run is then matched by its text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd_id: Option<FileId>,
+    /// What the directory terraform works in (`cwd` + `-chdir`) is, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir_id: Option<FileId>,
 }
 
 /// The non-empty value of `key` in `KEY=VALUE` strings (a run's environment): the first entry
@@ -413,6 +437,7 @@ mod tests {
             request: Request::Cancel(CancelRequest {
                 run: Some("r7".into()),
                 workdir: None,
+                workdir_id: None,
                 force: true,
             }),
         };
@@ -426,9 +451,53 @@ mod tests {
             Request::Cancel(CancelRequest {
                 run: None,
                 workdir: Some("/tf/x".into()),
+                workdir_id: None,
                 force: false
             })
         );
+        let by_id =
+            r#"{"v":1,"op":"cancel","workdir":"/tf/x","workdir_id":{"dev":2049,"ino":131}}"#;
+        let Request::Cancel(c) = serde_json::from_str::<Envelope>(by_id).unwrap().request else {
+            panic!("a cancel");
+        };
+        assert_eq!(
+            c.workdir_id,
+            Some(FileId {
+                dev: 2049,
+                ino: 131
+            })
+        );
+    }
+
+    /// The directories' ids are new optional fields of version 1: a shim without them is read
+    /// as before, and a request with them reads back whole (an older init ignores them).
+    #[test]
+    fn a_run_request_carries_its_directories_ids_when_the_shim_found_them() {
+        let old = r#"{"v":1,"op":"run","program":"/bin/terraform","argv0":"terraform","args":["plan"],"cwd":"/tf","env":[]}"#;
+        let Request::Run(r) = serde_json::from_str::<Envelope>(old).unwrap().request else {
+            panic!("a run");
+        };
+        assert_eq!((r.cwd_id, r.workdir_id), (None, None));
+        let ids = RunRequest {
+            cwd_id: Some(FileId { dev: 1, ino: 2 }),
+            workdir_id: Some(FileId {
+                dev: u64::MAX,
+                ino: u64::MAX,
+            }),
+            ..r
+        };
+        let json = serde_json::to_string(&ids).unwrap();
+        assert!(
+            json.ends_with(r#""cwd_id":{"dev":1,"ino":2},"workdir_id":{"dev":18446744073709551615,"ino":18446744073709551615}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<RunRequest>(&json).unwrap(), ids);
+        // And the other way round: a field this build does not know is ignored, as an older
+        // init ignores these.
+        let newer = r#"{"v":1,"op":"run","program":"/bin/terraform","argv0":"terraform","args":[],"cwd":"/tf","env":[],"from_the_future":{"x":1}}"#;
+        assert!(serde_json::from_str::<Envelope>(newer).is_ok());
+        let newer = r#"{"v":1,"op":"cancel","workdir":"/tf","from_the_future":1}"#;
+        assert!(serde_json::from_str::<Envelope>(newer).is_ok());
     }
 
     #[test]

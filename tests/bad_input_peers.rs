@@ -208,6 +208,8 @@ fn a_gibibyte_of_garbage_signal_frames_during_a_run_is_read_and_dropped_and_the_
                 format!("FAKE_TF_LOG={}", log.display()),
             ],
             workspace: None,
+            cwd_id: None,
+            workdir_id: None,
         }),
     };
     let mut frame = Vec::new();

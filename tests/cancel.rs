@@ -8,6 +8,8 @@
 //! - `--force` (here by `--workdir`): terraform's process group is SIGKILLed, the provider
 //!   processes are gone too, the shim exits 137, the record is kept for recovery.
 //! - during shutdown: refused (exit 1) saying the shutdown stops every run itself; nothing sent.
+//! - `--workdir` through a symbolic link, either way: a directory is matched by what it is (device
+//!   and inode), not by the text that reached it; a sibling directory matches nothing.
 //! - bad input: an unknown id, a malformed id, a directory with no run.
 
 #[macro_use]
@@ -288,7 +290,15 @@ fn a_cancel_of_an_unknown_run_or_directory_says_so_and_sends_nothing() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("\"7\" is not a run id: ids look like r7"),
+        err.contains("\"7\" is not a run id: ids are r and"),
+        "{err}"
+    );
+    // Leading zeros are refused, not read as another id (r00004 is not r4).
+    let out = init.client(&["cancel", "r00004"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("\"r00004\" is not a run id") && err.contains("without leading zeros"),
         "{err}"
     );
 
@@ -312,6 +322,79 @@ fn a_cancel_of_an_unknown_run_or_directory_says_so_and_sends_nothing() {
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 
     assert!(init.events().all("tfinit cancel").is_empty());
+    init.signal(Signal::SIGTERM);
+    assert_eq!(init.wait(Duration::from_secs(30)), 0, "{}", init.log_tail());
+}
+
+/// `tfinit cancel --workdir` names a directory by what it is: the shim stats the run's
+/// directories and the cancel client its `--workdir` (device and inode), and the init compares the
+/// numbers. A run started with `-chdir=link` (a symbolic link to `real`) is cancelled by `real`'s
+/// path, whose text it never had; a run started with `-chdir=<real>` by the link's path; a sibling
+/// directory cancels nothing (exit 1) and the run goes on.
+#[test]
+fn a_cancel_by_directory_finds_a_run_started_through_a_symbolic_link_and_the_other_way_round() {
+    if !slow::have_root() {
+        return;
+    }
+    let tmp = common::TempDir::new("cancel-link");
+    let tf_dir = common::fake_terraform_dir(&tmp);
+    let (real, link, other) = (tmp.join("real"), tmp.join("link"), tmp.join("other"));
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let shape = Shape::SingleProcess;
+    let mut init = SlowInit::with_waiting_controller(&tmp, &tmp.0, tf_dir, shape, BUDGET, vec![]);
+    let rounds = [
+        (1, "-chdir=link".to_string(), &real),
+        (2, format!("-chdir={}", real.display()), &link),
+    ];
+    for (n, chdir, asked) in rounds {
+        let log = tmp.join(&format!("fake-terraform-{n}.log"));
+        let shim = init
+            .shim_command(&tmp.0, &[chdir.clone(), "plan".into()])
+            .env("FAKE_TF_SLEEP_MS", "120000")
+            .env("FAKE_TF_ON_TERM", "graceful")
+            .env("FAKE_TF_LOG", &log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the shim");
+        common::wait_for(Duration::from_secs(20), "the fake terraform", || {
+            common::read(&log).contains("args").then_some(())
+        });
+
+        let out = init.client(&["cancel", "--workdir", other.to_str().unwrap()]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{chdir}: {err}");
+        assert!(
+            err.contains(&format!("no run in {}", other.display())),
+            "{chdir}: {err}"
+        );
+        assert_eq!(init.status()["runs"][0]["stop_requested"], false);
+
+        let out = init.client(&["cancel", "--workdir", asked.to_str().unwrap()]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{chdir}, cancelled by {}: {}",
+            asked.display(),
+            text(&out.stderr)
+        );
+        let said = text(&out.stdout);
+        assert!(
+            said.starts_with(&format!("r{n}: SIGTERM sent to terraform")),
+            "{said}"
+        );
+        let out = finish(shim);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "the fake terraform stops gracefully: {}",
+            text(&out.stderr)
+        );
+    }
+    let terms = init.events().all("SIGTERM to terraform").len();
+    assert_eq!(terms, 2, "{}", init.log_tail());
     init.signal(Signal::SIGTERM);
     assert_eq!(init.wait(Duration::from_secs(30)), 0, "{}", init.log_tail());
 }

@@ -1,7 +1,8 @@
 //! Bad configuration stops tfinit before anything starts: exit code 2 and one line naming the
 //! variable (or the flag that gave the value), the value, and a good example. An empty value (or a
-//! blank one, except for paths) counts as unset, from a variable or a flag (README: manifests and
-//! Helm charts often render `value: ""`).
+//! blank one) counts as unset, from a variable or a flag (README: manifests and Helm charts often
+//! render `value: ""`). Every setting's range (README, "Configuration") is checked at both ends:
+//! the value just past a bound is refused, the value on it accepted.
 
 mod common;
 
@@ -57,7 +58,20 @@ const SETTINGS: &[Setting] = &[
         var: "TFINIT_KILL_MARGIN",
         flag: "--kill-margin",
         example: "2s",
-        bad: DURATION_BAD,
+        // Plus the two under its least value (1s).
+        bad: &[
+            "soon",
+            "-5s",
+            "-1",
+            "1.5s",
+            "30 s",
+            "10x",
+            "9999h",
+            "99999999999999999999999999",
+            "0",
+            "999ms",
+            HUGE,
+        ],
         good: "1s",
     },
     Setting {
@@ -82,7 +96,20 @@ const SETTINGS: &[Setting] = &[
         var: "TFINIT_RECORD_TIMEOUT",
         flag: "--record-timeout",
         example: "30s",
-        bad: DURATION_BAD,
+        // Plus the two under its least value (1s): runs would start before their record.
+        bad: &[
+            "soon",
+            "-5s",
+            "-1",
+            "1.5s",
+            "30 s",
+            "10x",
+            "9999h",
+            "99999999999999999999999999",
+            "0",
+            "999ms",
+            HUGE,
+        ],
         good: "10s",
     },
     Setting {
@@ -163,6 +190,11 @@ const SETTINGS: &[Setting] = &[
             ":http",
             "127.0.0.1:99999",
             "no-such-host.invalid:9102",
+            ":+80",
+            ":080",
+            ":65536",
+            "::1:9102",
+            "10.1:9102",
             HUGE,
         ],
         good: "127.0.0.1:0",
@@ -319,13 +351,8 @@ fn a_flag_wins_over_its_variable() {
 #[test]
 fn an_empty_or_blank_value_counts_as_unset() {
     for s in SETTINGS {
-        // A blank path is a relative path, refused like any other.
-        let values: &[&str] = if s.var.ends_with("_DIR") {
-            &[""]
-        } else {
-            &["", "   "]
-        };
-        for v in values {
+        // Paths too: a directory of spaces is no directory anyone means.
+        for v in ["", "   "] {
             let o = run_env(s.var, v);
             assert_eq!(o.code, Some(0), "{}={v:?}: {}", s.var, o.stderr);
             assert!(o.started, "{}={v:?}", s.var);
@@ -426,11 +453,12 @@ fn stop_timeout_plus_kill_margin_not_below_the_grace_period_names_all_three() {
         "{}",
         o.stderr
     );
-    // Just fitting is fine.
+    // Just fitting is fine: the sum 1 ms under the grace period, the stop timeout 1 s over the
+    // margin.
     let o = run(
         &[
-            ("TFINIT_GRACE_PERIOD", OsStr::new("5s")),
-            ("TFINIT_STOP_TIMEOUT", OsStr::new("2s")),
+            ("TFINIT_GRACE_PERIOD", OsStr::new("5001ms")),
+            ("TFINIT_STOP_TIMEOUT", OsStr::new("3s")),
             ("TFINIT_KILL_MARGIN", OsStr::new("2s")),
         ],
         &[],
@@ -489,6 +517,232 @@ fn the_example_in_a_budget_message_is_itself_a_good_value() {
             o.stderr
         );
     }
+}
+
+/// One bound of a setting's range: the value just past it (refused, saying `why`) and the value
+/// on it (accepted), with the other settings at their defaults.
+struct Bound {
+    var: &'static str,
+    refused: &'static str,
+    why: &'static str,
+    accepted: &'static str,
+}
+
+/// Every documented bound (README, "Configuration"). Durations are at most a year (8760h).
+const BOUNDS: &[Bound] = &[
+    Bound {
+        var: "TFINIT_GRACE_PERIOD",
+        // Over TFINIT_STOP_TIMEOUT + TFINIT_KILL_MARGIN (10s + 2s by default).
+        refused: "12s",
+        why: "must be smaller than TFINIT_GRACE_PERIOD",
+        accepted: "12001ms",
+    },
+    Bound {
+        var: "TFINIT_GRACE_PERIOD",
+        refused: "8761h",
+        why: "longer than a year",
+        accepted: "8760h",
+    },
+    Bound {
+        var: "TFINIT_STOP_TIMEOUT",
+        // At least TFINIT_KILL_MARGIN (2s by default) + 1s.
+        refused: "2999ms",
+        why: "must be at least 1s longer than TFINIT_KILL_MARGIN (2s, the default)",
+        accepted: "3s",
+    },
+    Bound {
+        var: "TFINIT_STOP_TIMEOUT",
+        // Under TFINIT_GRACE_PERIOD - TFINIT_KILL_MARGIN (30s - 2s by default).
+        refused: "28s",
+        why: "must be smaller than TFINIT_GRACE_PERIOD (30s, the default)",
+        accepted: "27999ms",
+    },
+    Bound {
+        var: "TFINIT_KILL_MARGIN",
+        refused: "999ms",
+        why: "must be at least 1s: after its SIGKILL",
+        accepted: "1s",
+    },
+    Bound {
+        var: "TFINIT_KILL_MARGIN",
+        // At most TFINIT_STOP_TIMEOUT (10s by default) - 1s.
+        refused: "9001ms",
+        why: "TFINIT_STOP_TIMEOUT (10s, the default) must be at least 1s longer",
+        accepted: "9s",
+    },
+    Bound {
+        var: "TFINIT_RECORD_TIMEOUT",
+        refused: "999ms",
+        why: "must be at least 1s: a record takes up to eight file operations",
+        accepted: "1s",
+    },
+    Bound {
+        var: "TFINIT_RECORD_TIMEOUT",
+        refused: "8761h",
+        why: "longer than a year",
+        accepted: "8760h",
+    },
+    Bound {
+        var: "TFINIT_OWNER_TTL",
+        refused: "999ms",
+        why: "must be at least 1s (heartbeats are written every TTL/3)",
+        accepted: "1s",
+    },
+    Bound {
+        var: "TFINIT_OWNER_TTL",
+        refused: "8761h",
+        why: "longer than a year",
+        accepted: "8760h",
+    },
+    Bound {
+        var: "TFINIT_OLDER_OWNER_TTL",
+        refused: "999ms",
+        why: "must be at least 1s (the shortest TFINIT_OWNER_TTL tfinit accepts)",
+        accepted: "1s",
+    },
+    Bound {
+        var: "TFINIT_OLDER_OWNER_TTL",
+        refused: "8761h",
+        why: "longer than a year",
+        accepted: "8760h",
+    },
+    Bound {
+        var: "TFINIT_MAX_RUNS",
+        refused: "0",
+        why: "must be at least 1",
+        accepted: "1",
+    },
+    Bound {
+        var: "TFINIT_MAX_RUNS",
+        refused: "18446744073709551616",
+        why: "overflows: a cap is at most 18446744073709551615 runs",
+        accepted: "18446744073709551615",
+    },
+    Bound {
+        var: "TFINIT_METRICS_ADDR",
+        refused: "127.0.0.1:65536",
+        why: "with a port from 0 to 65535",
+        accepted: "127.0.0.1:65535",
+    },
+    Bound {
+        var: "TFINIT_RUN_DIR",
+        // The control socket's path (the directory + /tfinit.sock) in 107 bytes.
+        refused: "<run dir of 96 bytes>",
+        why: "must fit in 107 bytes",
+        accepted: "<run dir of 95 bytes>",
+    },
+    Bound {
+        var: "TFINIT_STATE_DIR",
+        refused: "<state dir of 3832 bytes>",
+        why: "too long: 3832 bytes",
+        accepted: "<state dir of 3831 bytes>",
+    },
+    Bound {
+        var: "TFINIT_OWNER",
+        refused: "<owner of 110 bytes>",
+        why: "at most 109",
+        accepted: "<owner of 109 bytes>",
+    },
+];
+
+/// A bound's value: `<NAME of N bytes>` becomes a value of N bytes (a path in `tmp` for
+/// directories).
+fn bound_value(v: &str, tmp: &TempDir) -> String {
+    let Some(rest) = v.strip_prefix('<') else {
+        return v.to_string();
+    };
+    let n: usize = rest
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .expect("a length");
+    if rest.starts_with("owner") {
+        return "p".repeat(n);
+    }
+    let base = tmp.0.display().to_string() + "/";
+    assert!(base.len() < n, "the temp dir is too long for {v}");
+    let mut path = base;
+    // Components of at most 200 bytes, so the directory can be made where it fits.
+    while path.len() < n {
+        let room = (n - path.len()).min(200);
+        let part = if room > 1 && path.len() + room < n {
+            "d".repeat(room - 1) + "/"
+        } else {
+            "d".repeat(room)
+        };
+        path += &part;
+    }
+    path
+}
+
+#[test]
+fn every_range_bound_refuses_the_value_past_it_and_accepts_the_value_on_it() {
+    for b in BOUNDS {
+        let tmp = TempDir::new("bound");
+        let refused = bound_value(b.refused, &tmp);
+        let o = run_env(b.var, &refused);
+        assert_refused(&o, b.var, &refused, &format!("{}={}", b.var, b.refused));
+        assert!(
+            o.stderr.contains(b.why),
+            "{}={}: {}",
+            b.var,
+            b.refused,
+            o.stderr
+        );
+        let accepted = bound_value(b.accepted, &tmp);
+        let o = run_env(b.var, &accepted);
+        assert_eq!(
+            o.code,
+            Some(0),
+            "{}={} (on the bound) refused: {}",
+            b.var,
+            b.accepted,
+            o.stderr
+        );
+        assert!(o.started, "{}={}", b.var, b.accepted);
+    }
+}
+
+#[test]
+fn an_overflowing_duration_says_it_overflows() {
+    for v in [
+        "99999999999999999999999999",
+        "99999999999999999999999999999999999999999s",
+    ] {
+        let o = run_env("TFINIT_GRACE_PERIOD", v);
+        assert_refused(&o, "TFINIT_GRACE_PERIOD", v, v);
+        assert!(
+            o.stderr
+                .contains(&format!("{v} overflows: a duration is at most a year")),
+            "{}",
+            o.stderr
+        );
+        assert!(!o.stderr.contains("needs a unit"), "{}", o.stderr);
+    }
+}
+
+#[test]
+fn a_pod_uid_that_is_not_utf8_is_ignored_with_one_warning_naming_it() {
+    let bad = OsString::from(OsStr::from_bytes(b"\xff\xfe-uid"));
+    for var in ["TFINIT_POD_UID", "POD_UID"] {
+        let o = run(&[(var, &bad)], &[]);
+        assert_eq!(o.code, Some(0), "{var}: {}", o.stderr);
+        assert!(o.started, "{var}: the command ran");
+        let warned: Vec<&str> = o
+            .stderr
+            .lines()
+            .filter(|l| l.contains("not valid UTF-8"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{var}: one warning: {}", o.stderr);
+        assert!(
+            warned[0].contains("WARN") && warned[0].contains(&format!("{var}=\"")),
+            "{var}: {}",
+            warned[0]
+        );
+    }
+    // A good one: no warning.
+    let o = run_env("POD_UID", "0e3c3f4c-1d4e-4b8a-9a57-7e4c0c1f0a11");
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(!o.stderr.contains("not valid UTF-8"), "{}", o.stderr);
 }
 
 #[test]

@@ -32,7 +32,11 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
 
     // The record names the run exactly as terraform's lock will, and holds no secret.
     assert_eq!(rec["v"], 4);
-    assert_eq!(rec["ttl_ms"], TTL.as_millis() as u64, "the record states its owner's TTL");
+    assert_eq!(
+        rec["ttl_ms"],
+        TTL.as_millis() as u64,
+        "the record states its owner's TTL"
+    );
     assert_eq!(rec["who"], "@pod-a", "uid {NOBODY_UID} has no passwd entry");
     assert_eq!(rec["owner"]["name"], "pod-a");
     assert_eq!(rec["subcommand"], "apply");

@@ -169,7 +169,7 @@ pub fn resume() -> i32 {
 pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool) -> i32 {
     if let Some(id) = run.filter(|id| RunId::parse(id).is_none()) {
         eprintln!(
-            "tfinit: {id:?} is not a run id: ids look like r7, as `tfinit status` shows them"
+            "tfinit: {id:?} is not a run id: ids are r and the run's number without leading zeros, e.g. r7, as `tfinit status` shows them"
         );
         return 2;
     }
@@ -181,9 +181,13 @@ pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool)
         Some(Ok(d)) => Some(d),
         None => None,
     };
+    // The init matches runs by what the directory is (device and inode), stat'ed here so that
+    // the init never stats a working directory; its text serves runs of older shims.
+    let workdir_id = workdir.as_deref().and_then(super::file_id);
     let request = Request::Cancel(CancelRequest {
         run: run.map(str::to_string),
         workdir: workdir.map(|d| d.to_string_lossy().into_owned()),
+        workdir_id,
         force,
     });
     exchange(request, |reply| {
@@ -193,8 +197,9 @@ pub fn cancel(run: Option<&str>, workdir: Option<&std::path::Path>, force: bool)
     })
 }
 
-/// `--workdir DIR` as the init compares it: absolute (from here), symbolic links resolved when
-/// it exists (the shims report their working directories that way), `.` and `..` resolved.
+/// `--workdir DIR` as the init compares it with the runs of shims that sent no directory ids:
+/// absolute (from here), symbolic links resolved when it exists (the shims report their working
+/// directories that way), `.` and `..` resolved.
 fn absolute_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     let abs = std::env::current_dir()
         .map_err(|e| format!("cannot read the current directory to make --workdir absolute ({e}): give an absolute --workdir"))?

@@ -4,9 +4,22 @@ pub mod control;
 pub mod shim;
 
 use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 
-use crate::protocol::{self, Kind};
+use crate::protocol::{self, FileId, Kind};
+
+/// What `path` is (device and inode), following symbolic links as a chdir would; None when it
+/// cannot be stat'ed. Called in the client processes only: a stat in a working directory may
+/// hang on its volume, which must never stall the init's loop.
+pub(crate) fn file_id(path: &Path) -> Option<FileId> {
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+    })
+}
 
 /// Reads one whole frame from a blocking stream into `payload`; None at a clean end of stream.
 pub fn read_frame(sock: &mut UnixStream, payload: &mut Vec<u8>) -> io::Result<Option<Kind>> {

@@ -106,6 +106,10 @@ fn build_request(program: &Path, argv0: &OsStr, args: &[OsString]) -> Result<Run
         cwd: utf8("working directory", cwd.as_os_str())?,
         env,
         workspace,
+        // What the directories are, for `tfinit cancel --workdir`: a run started with
+        // -chdir=link is found by the directory the link leads to, and the other way round.
+        cwd_id: super::file_id(&cwd),
+        workdir_id: super::file_id(&workdir),
     })
 }
 

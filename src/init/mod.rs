@@ -35,7 +35,10 @@ use crate::config::InitConfig;
 /// Runs the init until the controller and every run are gone; returns the exit code.
 /// `signals` is the signalfd opened first thing in main (before any thread).
 pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd::SignalFd) -> i32 {
-    // Set-up: may fail with a clear message.
+    // Set-up: may fail with a clear message. Settings ignored rather than refused are said first.
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
     let mode = setup::reaping_mode();
     tracing::debug!(?mode, pid = std::process::id(), "reaping mode");
     let listener = match setup::control_socket(&cfg.run_dir) {

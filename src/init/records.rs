@@ -20,8 +20,10 @@ use crate::locks::record::{self, Ended, Owner, Record};
 use crate::locks::recorder::{Completion, Recorder, Request};
 use crate::locks::store::FileStore;
 
-/// The longest the init's exit waits for queued and in-flight record writes.
+/// The longest the init's exit waits for queued and in-flight record writes. The least
+/// TFINIT_KILL_MARGIN ([`crate::config::MIN_KILL_MARGIN`]) leaves room for it.
 const EXIT_WAIT: Duration = Duration::from_secs(1);
+const _: () = assert!(EXIT_WAIT.as_nanos() <= crate::config::MIN_KILL_MARGIN.as_nanos());
 
 /// What the records mean for the runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

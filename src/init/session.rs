@@ -242,11 +242,12 @@ fn request(payload: &[u8], stdin: Option<OwnedFd>) -> Input {
 fn cancel_target(c: &CancelRequest) -> Result<CancelTarget, String> {
     match (&c.run, &c.workdir) {
         (Some(id), None) => RunId::parse(id).map(CancelTarget::Run).ok_or_else(|| {
-            format!("{id:?} is not a run id: ids look like r7, as `tfinit status` shows them")
+            format!("{id:?} is not a run id: ids are r and the run's number without leading zeros, e.g. r7, as `tfinit status` shows them")
         }),
-        (None, Some(dir)) if Path::new(dir).is_absolute() => {
-            Ok(CancelTarget::Workdir(normal_dir(Path::new(dir))))
-        }
+        (None, Some(dir)) if Path::new(dir).is_absolute() => Ok(CancelTarget::Workdir {
+            path: normal_dir(Path::new(dir)),
+            id: c.workdir_id,
+        }),
         (None, Some(dir)) => Err(format!("cancel workdir {dir:?} is not an absolute path")),
         _ => Err("a cancel names either a run or a workdir, not both nor neither".into()),
     }
@@ -293,6 +294,8 @@ mod tests {
             cwd: "/tf".into(),
             env: vec![],
             workspace: None,
+            cwd_id: None,
+            workdir_id: None,
         })
     }
 
@@ -364,6 +367,7 @@ mod tests {
                 &envelope(Request::Cancel(CancelRequest {
                     run: run.map(String::from),
                     workdir: workdir.map(String::from),
+                    workdir_id: None,
                     force,
                 })),
                 vec![],
@@ -377,13 +381,14 @@ mod tests {
         ));
         assert!(matches!(
             cancel(None, Some("/tf/x/../y/"), false),
-            Some(Input::Control(Control::Cancel { target: CancelTarget::Workdir(d), force: Force::Graceful }))
-                if d == Path::new("/tf/y")
+            Some(Input::Control(Control::Cancel { target: CancelTarget::Workdir { path, id: None }, force: Force::Graceful }))
+                if path == Path::new("/tf/y")
         ));
         for (run, dir, problem) in [
             (Some("7"), None, "is not a run id"),
             (Some("r"), None, "is not a run id"),
             (Some("r99999999999999999999"), None, "is not a run id"),
+            (Some("r00004"), None, "without leading zeros"),
             (None, Some("tf/x"), "not an absolute path"),
             (Some("r1"), Some("/tf"), "either a run or a workdir"),
             (None, None, "either a run or a workdir"),

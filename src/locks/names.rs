@@ -24,10 +24,13 @@ impl RunId {
         self.0
     }
 
-    /// The id `s` writes (`r7`), when it is one this init could have given (a u64).
+    /// The id `s` writes, when it is one this init could have given (a u64), in the one form the
+    /// init writes it (`r7`): `r007` is refused rather than read as `r7`, so that an id typed by
+    /// hand names exactly the run `tfinit status` showed, never another one.
     pub fn parse(s: &str) -> Option<RunId> {
         let n = s.strip_prefix('r').filter(|_| valid_run_id(s))?;
-        n.parse().ok().map(RunId)
+        let id = n.parse().ok().map(RunId)?;
+        (id.to_string() == s).then_some(id)
     }
 }
 
@@ -140,9 +143,21 @@ mod tests {
             RunId::parse(&format!("r{}", u64::MAX)),
             Some(RunId::from(u64::MAX))
         );
-        for bad in ["7", "r", "R7", "r-1", "r7 ", "r99999999999999999999"] {
+        for bad in [
+            "7",
+            "r",
+            "R7",
+            "r-1",
+            "r+7",
+            "r7 ",
+            "r99999999999999999999",
+            "r07",
+            "r00004",
+            "r00",
+        ] {
             assert_eq!(RunId::parse(bad), None, "{bad}");
         }
+        assert_eq!(RunId::parse("r0"), Some(RunId::from(0)), "0 is written r0");
     }
 
     #[test]

@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use super::super::action::{Action, Refusal};
 use super::super::records::Records;
-use super::life::{Life, Stop};
+use super::life::{Job, Life, Stop};
 use super::{Force, Runs};
 use crate::locks::names::RunId;
 use crate::metrics::Cancel;
+use crate::protocol::FileId;
 use crate::terraform::normal_dir;
 
 /// Which runs a cancel names.
@@ -23,8 +24,14 @@ pub(in crate::init) enum CancelTarget {
     /// One run, by its id.
     Run(RunId),
     /// Every run whose shim's working directory, or terraform's (cwd + -chdir), is this
-    /// (absolute, lexically normal).
-    Workdir(PathBuf),
+    /// directory: by what it is (`id`, stat'ed by the client) where the run's shim sent what its
+    /// directories are, else by `path`'s text (absolute, lexically normal).
+    Workdir {
+        /// The directory as the client named it.
+        path: PathBuf,
+        /// What it is, when the client could stat it.
+        id: Option<FileId>,
+    },
 }
 
 impl Runs {
@@ -53,23 +60,21 @@ impl Runs {
     }
 
     /// The runs `target` names, oldest first; an error when there are none.
-    fn named_by(&self, target: &CancelTarget) -> Result<Vec<RunId>, String> {
+    pub(super) fn named_by(&self, target: &CancelTarget) -> Result<Vec<RunId>, String> {
         match target {
             CancelTarget::Run(id) if self.table.contains_key(id) => Ok(vec![*id]),
             CancelTarget::Run(id) => Err(format!(
                 "no run {id} in this init (it ended, or never existed): `tfinit status` lists the runs in flight and their ids"
             )),
-            CancelTarget::Workdir(dir) => {
+            CancelTarget::Workdir { path, id } => {
                 let ids: Vec<RunId> = self
                     .table
                     .values()
-                    .filter(|r| {
-                        normal_dir(&r.job.cwd) == *dir || normal_dir(&r.job.workdir) == *dir
-                    })
+                    .filter(|r| works_in(&r.job, path, *id))
                     .map(|r| r.job.id)
                     .collect();
                 if ids.is_empty() {
-                    return Err(no_run_in(dir));
+                    return Err(no_run_in(path));
                 }
                 Ok(ids)
             }
@@ -167,6 +172,19 @@ enum Found {
     Running(Stop),
     /// terraform was reaped; its output drains.
     Exited,
+}
+
+/// Whether `job` works in the directory named `path` that is `id`: its shim's directory or
+/// terraform's, each compared by what it is (device and inode) when both the run's shim and the
+/// client found that, else by text (a shim or client older than the ids, a stat that failed).
+/// The numbers were found in the client processes: the loop never stats a working directory.
+fn works_in(job: &Job, path: &Path, id: Option<FileId>) -> bool {
+    [(&job.cwd, job.cwd_id), (&job.workdir, job.workdir_id)]
+        .into_iter()
+        .any(|(text, known)| match (known, id) {
+            (Some(run), Some(asked)) => run == asked,
+            _ => normal_dir(text) == path,
+        })
 }
 
 /// The error for a cancel of a directory where no run works.

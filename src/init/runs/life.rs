@@ -12,7 +12,7 @@ use super::super::token::{ConnId, Stream};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::workspace::workspace_of;
-use crate::protocol::{RunRequest, RunStatus};
+use crate::protocol::{FileId, RunRequest, RunStatus};
 use crate::terraform::{self, Invocation};
 
 /// The read ends of terraform's output pipes (non-blocking, close-on-exec).
@@ -210,6 +210,10 @@ pub(super) struct Job {
     pub(super) cwd: PathBuf,
     /// Where terraform works (cwd + -chdir): the key for lock-owner records.
     pub(super) workdir: PathBuf,
+    /// What `cwd` is, as its shim found it (device and inode), for `tfinit cancel --workdir`.
+    pub(super) cwd_id: Option<FileId>,
+    /// What `workdir` is, likewise.
+    pub(super) workdir_id: Option<FileId>,
     /// Parsed command line.
     pub(super) invocation: Invocation,
     /// argv without secrets, for logs, status and records.
@@ -238,6 +242,8 @@ impl Job {
             id,
             cwd,
             workdir,
+            cwd_id: req.cwd_id,
+            workdir_id: req.workdir_id,
             workspace,
             argv: terraform::redact(&req.args),
             invocation,

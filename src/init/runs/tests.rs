@@ -21,7 +21,7 @@ use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
 use crate::locks::record::{Ended, Owner};
 use crate::locks::recorder::{Completion, Entry, Request, Table};
-use crate::protocol::{self, RunRequest};
+use crate::protocol::{self, FileId, RunRequest};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -120,6 +120,8 @@ fn request(args: &[&str], cwd: &str) -> RunRequest {
         cwd: cwd.into(),
         env: vec![],
         workspace: None,
+        cwd_id: None,
+        workdir_id: None,
     }
 }
 
@@ -790,7 +792,10 @@ fn a_cancel_names_a_run_that_exists_or_a_directory_where_runs_work() {
     start(&mut runs, r(2), 102, &mut rec);
     let by_dir = |runs: &mut Runs, rec: &mut Records, dir: &str| {
         runs.cancel(
-            &CancelTarget::Workdir(PathBuf::from(dir)),
+            &CancelTarget::Workdir {
+                path: PathBuf::from(dir),
+                id: None,
+            },
             Force::Graceful,
             rec,
             t,
@@ -810,6 +815,46 @@ fn a_cancel_names_a_run_that_exists_or_a_directory_where_runs_work() {
         e.contains("no run in /tf/c") && e.contains("tfinit status"),
         "{e}"
     );
+}
+
+/// `--workdir` names a directory by what it is: a run whose shim sent its directories' device
+/// and inode is matched by those numbers (through a symbolic link either way), never by a text
+/// that names another directory now; a run of an older shim, or a cancel whose client could not
+/// stat the directory, by text as before.
+#[test]
+fn a_cancel_by_directory_compares_device_and_inode_where_both_sides_know_them() {
+    let t = Instant::now();
+    let mut rec = opening(t);
+    let mut runs = runs();
+    let id = |ino: u64| Some(FileId { dev: 7, ino });
+    // r1: started with -chdir=link in /tf/a; the link leads to the directory of inode 20.
+    let mut req = request(&["-chdir=link", "apply", "-lock=false"], "/tf/a");
+    req.cwd_id = id(10);
+    req.workdir_id = id(20);
+    runs.request(c(1), req, None, Phase::Running, &mut rec, t);
+    // r2: an older shim's, with no ids.
+    let old = request(&["apply", "-lock=false"], "/tf/b");
+    runs.request(c(2), old, None, Phase::Running, &mut rec, t);
+    start(&mut runs, r(1), 101, &mut rec);
+    start(&mut runs, r(2), 102, &mut rec);
+    let matched = |runs: &Runs, path: &str, asked: Option<FileId>| {
+        runs.named_by(&CancelTarget::Workdir {
+            path: PathBuf::from(path),
+            id: asked,
+        })
+    };
+    // The real directory, whatever its text: r1 by terraform's directory.
+    assert_eq!(matched(&runs, "/srv/real", id(20)), Ok(vec![r(1)]));
+    // The shim's own directory by number too.
+    assert_eq!(matched(&runs, "/elsewhere/a", id(10)), Ok(vec![r(1)]));
+    // The run's text, but another directory now (the link moved): not r1.
+    let e = matched(&runs, "/tf/a/link", id(99)).unwrap_err();
+    assert!(e.contains("no run in /tf/a/link"), "{e}");
+    // The client could not stat: text, as before.
+    assert_eq!(matched(&runs, "/tf/a/link", None), Ok(vec![r(1)]));
+    // The older shim's run by its text, even when the client sent a number.
+    assert_eq!(matched(&runs, "/tf/b", id(30)), Ok(vec![r(2)]));
+    assert!(matched(&runs, "/tf/c", id(30)).is_err());
 }
 
 #[test]

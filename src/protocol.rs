@@ -202,6 +202,18 @@ pub struct FileId {
     pub ino: u64,
 }
 
+impl FileId {
+    /// The id of the open file `f` (fstat: the file itself, whatever is at its path now).
+    pub fn of(f: &std::fs::File) -> std::io::Result<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata()?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
 /// `tfinit cancel`: exactly one of `run` and `workdir`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CancelRequest {

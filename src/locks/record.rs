@@ -3,7 +3,6 @@
 
 use std::borrow::Cow;
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -305,27 +304,8 @@ impl Heartbeat {
     }
 }
 
-/// A file by what it is: its device and inode (as `fstat` gives them), not the path it was
-/// reached by.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
-pub struct FileId {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-}
-
-impl FileId {
-    /// The id of the open file `f`.
-    pub fn of(f: &fs::File) -> io::Result<FileId> {
-        use std::os::unix::fs::MetadataExt;
-        let m = f.metadata()?;
-        Ok(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-        })
-    }
-}
+/// A file by what it is (device and inode): the one type the wire and the heartbeats share.
+pub use crate::protocol::FileId;
 
 /// A record file found on disk.
 #[derive(Debug)]

@@ -2,29 +2,16 @@
 //! lock, whether it only reads (TFINIT_MAX_RUNS never queues it), where it runs (`-chdir`), how to
 //! show it without secrets, and where the real binary is.
 
+mod find;
+mod flags;
+mod redact;
+
 use crate::protocol::env_value;
-use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// Placeholder for redacted values.
-pub const REDACTED: &str = "<redacted>";
-
-/// Options whose value is always redacted (they carry variables and backend credentials).
-const SECRET_OPTIONS: [&str; 3] = ["var", "var-file", "backend-config"];
-
-/// Key fragments that make a `KEY=VALUE` argument's value a secret.
-const SECRET_KEYS: [&str; 9] = [
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "key",
-    "credential",
-    "auth",
-    "private",
-    "cert",
-];
+pub use find::find_real;
+use flags::{Reader, Reading, Readings};
+pub use redact::redact;
 
 /// How a subcommand comes to hold the state lock of the working directory's backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,76 +91,6 @@ const NESTED: &[&str] = &[
     "workspace new",
     "workspace select",
     "workspace show",
-];
-
-/// Flags of the locking subcommands that take no value (Go `BoolVar`: `-name` or `-name=BOOL`,
-/// never `-name BOOL`), over terraform 1.0 to 1.17-dev and OpenTofu 1.6 to 1.13-dev. No flag is a
-/// bool in one of them and takes a value in another.
-const BOOL_FLAGS: &[&str] = &[
-    "allow-deferral",
-    "allow-missing",
-    "allow-missing-config",
-    "auto-approve",
-    "backend",
-    "cloud",
-    "compact-warnings",
-    "concise",
-    "consolidate-errors",
-    "consolidate-warnings",
-    "create-default-workspace",
-    "destroy",
-    "detailed-exitcode",
-    "dry-run",
-    "enable-pluggable-state-storage-experiment",
-    "force",
-    "force-copy",
-    "get",
-    "ignore-remote-version",
-    "input",
-    "json",
-    "lock",
-    "migrate-state",
-    "minimal-refresh",
-    "no-color",
-    "or-create",
-    "plan",
-    "reconfigure",
-    "refresh",
-    "refresh-only",
-    "show-sensitive",
-    "suppress-forget-errors",
-    "upgrade",
-];
-
-/// Flags of the locking subcommands that take a value (`-name=V` or `-name V`), same versions.
-const VALUE_FLAGS: &[&str] = &[
-    "backend-config",
-    "backup",
-    "backup-out",
-    "config",
-    "deprecation",
-    "exclude",
-    "exclude-file",
-    "from-module",
-    "generate-config-out",
-    "invoke",
-    "json-into",
-    "lock-timeout",
-    "lockfile",
-    "out",
-    "parallelism",
-    "plugin-dir",
-    "policies",
-    "replace",
-    "scope",
-    "state",
-    "state-out",
-    "state-provider-lock-file",
-    "target",
-    "target-file",
-    "test-directory",
-    "var",
-    "var-file",
 ];
 
 /// A parsed terraform command line.
@@ -385,347 +302,33 @@ fn merge_env_args(args: &[String], subcommand: &str, env: &[String]) -> Option<V
     Some(merged)
 }
 
-/// The two ways a subcommand's arguments are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reader {
-    /// Go's flag package (terraform; OpenTofu up to 1.12, and 1.13 with
-    /// TOFU_EXPERIMENTAL_CLI_ENABLED=false): flags end at the first operand, at `-`, or after `--`.
-    Go,
-    /// urfave/cli v3, OpenTofu 1.13's default (unreleased): flags are also read after operands, up
-    /// to `--` or `-`. Read too so that a `-lock=true` there is not missed.
-    Urfave,
-}
-
-/// What one reader found in a command line's arguments.
-#[derive(Debug, Default)]
-struct Reading {
-    /// The last `-lock` value read.
-    lock: Option<bool>,
-    /// The last `-or-create` value read.
-    or_create: Option<bool>,
-    /// `-h`, `-help` or `--help` read as a flag: help is printed and nothing runs.
-    help: bool,
-    /// `-v`, `-version` or `--version` read as a flag: terraform runs `version` instead.
-    version: bool,
-    /// Where Go's flag package stopped: the first operand ([`Reader::Go`] only).
-    operand: Option<String>,
-    /// Reading stopped at something it cannot follow exactly.
-    unsure: bool,
-}
-
-impl Reading {
-    /// Reads a subcommand's arguments as `reader` does. Stops at help or version (nothing runs)
-    /// and at anything it cannot follow (then `unsure`).
-    fn of(args: &[String], reader: Reader) -> Reading {
-        let mut r = Reading::default();
-        let mut rest = args.iter();
-        while let Some(a) = rest.next() {
-            // Meta.process and arguments.ParseView remove these wherever they are, before the flag
-            // set reads anything.
-            if is_view_word(a) {
-                continue;
-            }
-            if a == "--" {
-                if reader == Reader::Go {
-                    r.operand = rest.find(|a| !is_view_word(a)).cloned();
-                }
-                break;
-            }
-            if reader == Reader::Urfave && a.trim() != a && a.trim().starts_with('-') {
-                // urfave trims an argument before looking at it; Go does not.
-                r.unsure = true;
-                break;
-            }
-            if a == "-" || !a.starts_with('-') {
-                match reader {
-                    Reader::Go => {
-                        r.operand = Some(a.clone());
-                        break;
-                    }
-                    Reader::Urfave if a == "-" => break,
-                    Reader::Urfave => continue,
-                }
-            }
-            if matches!(a.as_str(), "-h" | "-help" | "--help") {
-                r.help = true;
-                break;
-            }
-            if matches!(a.as_str(), "-v" | "-version" | "--version") {
-                r.version = true;
-                break;
-            }
-            let body = a.strip_prefix("--").unwrap_or(&a[1..]);
-            if body.is_empty() || body.starts_with(['-', '=']) {
-                // Go: "bad flag syntax", the command exits 1.
-                r.unsure = true;
-                break;
-            }
-            if reader == Reader::Urfave
-                && !a.starts_with("--")
-                && !body.starts_with(char::is_alphabetic)
-            {
-                // urfave takes `-1...` and what follows as operands.
-                break;
-            }
-            let (name, value) = match body.split_once('=') {
-                Some((name, value)) => (name, Some(value)),
-                None => (body, None),
-            };
-            if BOOL_FLAGS.contains(&name) {
-                // Go's ParseBool; it rejects `-lock=` and `-lock=yes`, and the command exits 1.
-                let Some(on) = value.map_or(Some(true), go_bool) else {
-                    r.unsure = true;
-                    break;
-                };
-                match name {
-                    "lock" => r.lock = Some(on),
-                    "or-create" => r.or_create = Some(on),
-                    _ => {}
-                }
-            } else if VALUE_FLAGS.contains(&name) || value.is_some() {
-                // A view word as the value: Go gets the word after it (the view word is gone by
-                // then), urfave gets the view word itself.
-                if value.is_none() && !rest.next().is_some_and(|v| !is_view_word(v)) {
-                    r.unsure = true;
-                    break;
-                }
-            } else {
-                // Unknown, without `=`: whether it takes the next argument is unknown.
-                r.unsure = true;
-                break;
-            }
-        }
-        r
-    }
-
-    /// Reads the arguments before the subcommand. terraform refuses every flag there ("Invalid
-    /// flags before the subcommand") but help, version and the `-chdir=DIR` it already took.
-    fn before_subcommand(args: &[String]) -> Reading {
-        let mut r = Reading::default();
-        for a in args {
-            match a.as_str() {
-                "" => {}
-                "-h" | "-help" | "--help" => r.help = true,
-                "-v" | "-version" | "--version" => r.version = true,
-                _ if a.starts_with("-chdir=") && a.len() > "-chdir=".len() => {}
-                _ => {
-                    r.unsure = true;
-                    break;
-                }
-            }
-        }
-        r
-    }
-}
-
-/// The readings of one command line: the arguments before the subcommand, and the subcommand's
-/// own as each [`Reader`] reads them.
-struct Readings {
-    global: Reading,
-    go: Reading,
-    urfave: Reading,
-}
-
-impl Readings {
-    /// Whether a subcommand with `rule` (None: one that never locks) takes the lock: unless
-    /// nothing runs, when terraform (Go's flag package) or OpenTofu 1.13 (urfave/cli) would lock,
-    /// or when tfinit could not follow the command line.
-    fn locks(&self, rule: Option<LockRule>) -> bool {
-        let Readings { global, go, urfave } = self;
-        if global.unsure {
-            return rule.is_some();
-        }
-        if global.help || global.version || urfave.help || urfave.version {
-            // Help is printed, or `version` runs instead: nothing touches the state.
-            return false;
-        }
-        let unsure = go.unsure || urfave.unsure;
-        match rule {
-            None => false,
-            Some(LockRule::Always) => true,
-            Some(LockRule::UnlessLockFalse) => {
-                unsure || go.lock != Some(false) || urfave.lock != Some(false)
-            }
-            Some(LockRule::WithOrCreate) => {
-                unsure || go.or_create == Some(true) || urfave.or_create == Some(true)
-            }
-        }
-    }
-}
-
-/// Arguments terraform and OpenTofu remove from a subcommand's arguments before its flags are
-/// read (Meta.process: `-no-color`; arguments.ParseView: the others).
-fn is_view_word(a: &str) -> bool {
-    matches!(
-        a,
-        "-no-color"
-            | "-compact-warnings"
-            | "-concise"
-            | "-consolidate-warnings"
-            | "-consolidate-warnings=true"
-            | "-consolidate-warnings=false"
-            | "-consolidate-errors"
-            | "-consolidate-errors=true"
-            | "-consolidate-errors=false"
-    ) || a.starts_with("-deprecation=module:")
-}
-
-/// Go's strconv.ParseBool, which reads `-name=VALUE` of a bool flag.
-fn go_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-/// argv with the values of -var, -var-file, -backend-config and secret-looking `KEY=VALUE`
-/// arguments replaced by `<redacted>`.
-pub fn redact(args: &[String]) -> Vec<String> {
-    let mut out = Vec::with_capacity(args.len());
-    let mut redact_next = false;
-    for a in args {
-        if redact_next {
-            out.push(REDACTED.to_string());
-            redact_next = false;
-            continue;
-        }
-        let opt = a.strip_prefix("--").or_else(|| a.strip_prefix('-'));
-        if let Some(opt) = opt {
-            let (name, value) = match opt.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (opt, None),
-            };
-            if SECRET_OPTIONS.contains(&name) {
-                match value {
-                    Some(_) => out.push(format!(
-                        "{}={REDACTED}",
-                        &a[..a.len() - value.map_or(0, |v| v.len()) - 1]
-                    )),
-                    None => {
-                        out.push(a.clone());
-                        redact_next = true;
-                    }
-                }
-                continue;
-            }
-        }
-        out.push(redact_secret_pair(a));
-    }
-    out
-}
-
-fn redact_secret_pair(a: &str) -> String {
-    if let Some((k, _)) = a.split_once('=') {
-        let lower = k.to_ascii_lowercase();
-        if SECRET_KEYS.iter().any(|s| lower.contains(s)) {
-            return format!("{k}={REDACTED}");
-        }
-    }
-    a.to_string()
-}
-
-/// Why the real terraform binary cannot be found.
-#[derive(Debug, thiserror::Error)]
-pub enum FindError {
-    /// TFINIT_TERRAFORM points at something unusable.
-    #[error("TFINIT_TERRAFORM={path:?} {problem}: set it to the real terraform binary, e.g. TFINIT_TERRAFORM=/usr/local/bin/terraform.real")]
-    BadOverride {
-        /// The value.
-        path: String,
-        /// What is wrong.
-        problem: &'static str,
-    },
-    /// Nothing on PATH but ourselves.
-    #[error("no real {name} on PATH={path:?} besides tfinit's own shim: install {name} later on PATH than the shim, or set TFINIT_TERRAFORM to its path")]
-    NotOnPath {
-        /// terraform or tofu.
-        name: String,
-        /// PATH as searched.
-        path: String,
-    },
-}
-
-/// Finds the real binary for `name` (terraform or tofu): TFINIT_TERRAFORM wins, else the first
-/// `name` on PATH that is not this very executable (compared by resolved path).
-pub fn find_real(
-    name: &str,
-    override_path: Option<&OsStr>,
-    path_var: Option<&OsStr>,
-) -> Result<PathBuf, FindError> {
-    let me = std::fs::canonicalize("/proc/self/exe").ok();
-    if let Some(p) = override_path.filter(|p| !p.is_empty()) {
-        let pb = PathBuf::from(p);
-        let shown = pb.to_string_lossy().to_string();
-        if !is_executable(&pb) {
-            return Err(FindError::BadOverride {
-                path: shown,
-                problem: "is not an executable file",
-            });
-        }
-        if me.is_some() && std::fs::canonicalize(&pb).ok() == me {
-            return Err(FindError::BadOverride {
-                path: shown,
-                problem: "is tfinit itself (the shim)",
-            });
-        }
-        return Ok(pb);
-    }
-    let path_text = path_var
-        .map(|p| p.to_string_lossy().to_string())
-        .unwrap_or_default();
-    for dir in std::env::split_paths(path_var.unwrap_or_default()) {
-        if dir.as_os_str().is_empty() {
-            continue;
-        }
-        let candidate = dir.join(name);
-        if !is_executable(&candidate) {
-            continue;
-        }
-        if me.is_some() && std::fs::canonicalize(&candidate).ok() == me {
-            continue;
-        }
-        return Ok(candidate);
-    }
-    Err(FindError::NotOnPath {
-        name: name.to_string(),
-        path: path_text,
-    })
-}
-
-fn is_executable(p: &Path) -> bool {
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn s(v: &[&str]) -> Vec<String> {
+    pub(super) fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
     }
 
     /// Whether terraform with `args` (after argv[0]) and environment `env` takes the state lock.
-    fn locks_with(env: &[&str], args: &[&str]) -> bool {
+    pub(super) fn locks_with(env: &[&str], args: &[&str]) -> bool {
         Invocation::parse(&s(args), &s(env)).takes_lock()
     }
 
-    fn locks(args: &[&str]) -> bool {
+    pub(super) fn locks(args: &[&str]) -> bool {
         locks_with(&[], args)
     }
 
-    fn subcommand(args: &[&str]) -> String {
+    pub(super) fn subcommand(args: &[&str]) -> String {
         Invocation::parse(&s(args), &[]).subcommand
     }
 
-    fn chdir(args: &[&str]) -> Option<String> {
+    pub(super) fn chdir(args: &[&str]) -> Option<String> {
         Invocation::parse(&s(args), &[]).chdir
     }
 
     /// Asserts `locks(case) == want` for every case, naming the case that fails.
-    fn expect(want: bool, cases: &[&[&str]]) {
+    pub(super) fn expect(want: bool, cases: &[&[&str]]) {
         for c in cases {
             assert_eq!(locks(c), want, "{c:?}");
         }
@@ -758,133 +361,6 @@ mod tests {
         assert_eq!(chdir(&["--chdir=x", "plan"]), None);
         assert_eq!(chdir(&["-chdir=", "plan"]), None);
         assert_eq!(subcommand(&["-chdir=x", "plan"]), "plan");
-    }
-
-    #[test]
-    fn the_last_lock_flag_wins() {
-        expect(
-            true,
-            &[
-                &["plan", "-lock=false", "-lock=true"],
-                &["apply", "-lock=false", "-lock"],
-            ],
-        );
-        expect(
-            false,
-            &[
-                &["plan", "-lock=true", "-lock=false"],
-                &["apply", "-lock", "-lock=0"],
-            ],
-        );
-    }
-
-    #[test]
-    fn every_spelling_go_reads_as_false_turns_locking_off() {
-        for v in ["0", "f", "F", "false", "FALSE", "False"] {
-            for dashes in ["-", "--"] {
-                let flag = format!("{dashes}lock={v}");
-                assert!(!locks(&["apply", &flag]), "{flag}");
-            }
-        }
-        for v in ["1", "t", "T", "true", "TRUE", "True"] {
-            assert!(locks(&["apply", &format!("-lock={v}")]), "{v}");
-        }
-        expect(true, &[&["apply", "-lock"], &["apply", "--lock"]]);
-    }
-
-    #[test]
-    fn a_bool_flag_never_takes_the_next_argument() {
-        // `-lock false` is -lock=true followed by the operand "false" (a plan file name).
-        expect(
-            true,
-            &[&["apply", "-lock", "false"], &["plan", "-lock", "0"]],
-        );
-    }
-
-    #[test]
-    fn flags_end_at_the_first_operand_or_after_a_double_dash() {
-        expect(
-            true,
-            &[
-                &["apply", "plan.tfplan", "-lock=false"],
-                &["state", "rm", "a.b", "-lock=false"],
-                &["taint", "a.b", "-lock=false"],
-                &["apply", "--", "-lock=false"],
-                &["apply", "-", "-lock=false"],
-            ],
-        );
-        expect(false, &[&["apply", "-lock=false", "plan.tfplan"]]);
-    }
-
-    #[test]
-    fn a_lock_turned_on_after_an_operand_counts() {
-        // OpenTofu 1.13's urfave/cli reads flags after operands too.
-        expect(
-            true,
-            &[&["apply", "-lock=false", "plan.tfplan", "-lock=true"]],
-        );
-        expect(
-            false,
-            &[&["apply", "-lock=false", "plan.tfplan", "-lock=false"]],
-        );
-    }
-
-    #[test]
-    fn a_value_flag_takes_the_next_argument_even_a_lock_flag() {
-        expect(
-            true,
-            &[
-                &["apply", "-target", "-lock=false"],
-                &["plan", "-var-file", "-lock=false"],
-                &["state", "mv", "-state-out", "-lock=false", "a", "b"],
-            ],
-        );
-        expect(
-            false,
-            &[
-                &["plan", "-var", "x=1", "-lock=false"],
-                &["plan", "-lock-timeout", "5s", "-lock=false", "-out", "p"],
-                &["import", "-config", "dir", "-lock=false", "a.b", "id"],
-            ],
-        );
-    }
-
-    #[test]
-    fn view_words_are_removed_before_flags_are_read() {
-        expect(
-            false,
-            &[
-                &["plan", "-no-color", "-lock=false"],
-                &["apply", "-lock=false", "-no-color", "-compact-warnings"],
-                &[
-                    "plan",
-                    "-concise",
-                    "-deprecation=module:none",
-                    "-lock=false",
-                ],
-            ],
-        );
-        // Go gives -out the word after -no-color (which is gone by then); urfave gives it
-        // -no-color: not knowing which, it locks.
-        expect(true, &[&["plan", "-out", "-no-color", "-lock=false"]]);
-    }
-
-    #[test]
-    fn flags_tfinit_cannot_follow_count_as_locking() {
-        expect(
-            true,
-            &[
-                // Unknown, no `=`: it may take -lock=false as its value.
-                &["apply", "-some-new-flag", "-lock=false"],
-                // Values Go's ParseBool rejects, bad syntax, a missing value.
-                &["apply", "-lock=yes"],
-                &["apply", "-lock="],
-                &["apply", "---lock=false"],
-                &["apply", "-lock=false", "-lock-timeout"],
-            ],
-        );
-        // With `=` an unknown flag takes nothing else.
-        expect(false, &[&["apply", "-some-new-flag=1", "-lock=false"]]);
     }
 
     #[test]
@@ -1153,39 +629,5 @@ mod tests {
         assert_eq!(arg(&["workspace", "delete", "-force"]), None);
         assert_eq!(arg(&["workspace", "new", "-unknown", "x"]), None);
         assert_eq!(arg(&["apply", "x"]), None);
-    }
-
-    #[test]
-    fn redaction() {
-        let got = redact(&s(&[
-            "apply",
-            "-var=password=hunter2",
-            "-var",
-            "token=abc",
-            "-var-file=secrets.tfvars",
-            "--backend-config=access_key=AKIA",
-            "-backend-config",
-            "x.hcl",
-            "db_password=p",
-            "-auto-approve",
-            "-target=aws_s3_bucket.key",
-        ]));
-        assert_eq!(
-            got,
-            s(&[
-                "apply",
-                "-var=<redacted>",
-                "-var",
-                "<redacted>",
-                "-var-file=<redacted>",
-                "--backend-config=<redacted>",
-                "-backend-config",
-                "<redacted>",
-                "db_password=<redacted>",
-                "-auto-approve",
-                "-target=aws_s3_bucket.key",
-            ])
-        );
-        assert!(!got.join(" ").contains("hunter2"));
     }
 }

@@ -3,12 +3,13 @@
 //!
 //! Where the code is: event_loop.rs waits and dispatches; supervisor.rs holds the concerns and
 //! carries out the actions they return (action.rs). The concerns, each owning its state: runs/
-//! (terraform runs), conns.rs and session.rs (the control socket's clients), records.rs (lock-owner
+//! (terraform runs), conns.rs and session.rs (the control socket's clients, held to bounds.rs), records.rs (lock-owner
 //! records), reports.rs (what recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
 //! (before the loop), spawn.rs (starting processes), reaper.rs (waitpid), forward.rs (where
 //! signals go), status.rs (the status document), token.rs (epoll tokens), plain.rs (the fallback).
 
 mod action;
+mod bounds;
 mod conns;
 mod event_loop;
 mod forward;
@@ -26,6 +27,7 @@ mod status;
 mod supervisor;
 mod token;
 
+pub use bounds::memory_bound;
 pub use setup::signals;
 
 use std::ffi::OsString;
@@ -36,6 +38,7 @@ use crate::config::InitConfig;
 /// `signals` is the signalfd opened first thing in main (before any thread).
 pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd::SignalFd) -> i32 {
     // Set-up: may fail with a clear message.
+    setup::memory();
     let mode = setup::reaping_mode();
     tracing::debug!(?mode, pid = std::process::id(), "reaping mode");
     let listener = match setup::control_socket(&cfg.run_dir) {

@@ -180,18 +180,23 @@ impl Decoder {
         }
     }
 
-    /// Appends received bytes. Once a frame's header is in, room for the whole frame is reserved
-    /// at once (the buffer never doubles past a frame's size); pages are only touched as bytes come.
+    /// Appends received bytes. The buffer grows as bytes come (doubling, so that each byte is
+    /// copied about once), but never past the frame whose header is in: a frame announced and
+    /// never sent reserves no more than what came of it.
     pub fn push(&mut self, bytes: &[u8]) {
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
         }
-        if let Some(whole) = self.frame_len() {
-            let have = self.buf.len() - self.start;
-            if whole > have + bytes.len() {
-                self.buf.reserve_exact(whole - have);
-            }
+        let need = self.buf.len() + bytes.len();
+        if need > self.buf.capacity() {
+            let doubled = need.max(2 * self.buf.capacity()).max(KEEP);
+            let target = match self.frame_len() {
+                // The frame's end (and what comes after it in this push) is as far as it goes.
+                Some(whole) => doubled.min((self.start + whole).max(need)),
+                None => doubled,
+            };
+            self.buf.reserve_exact(target - self.buf.len());
         }
         self.buf.extend_from_slice(bytes);
     }
@@ -510,11 +515,20 @@ mod tests {
         let mut wire = Vec::new();
         encode(Kind::Request, &vec![b'r'; 1 << 20], &mut wire);
         encode(Kind::Signal, b"{}", &mut wire);
-        // In 16 KiB pushes, as the loop reads: the buffer is sized for the frame once.
-        for chunk in wire[..HEADER + (1 << 20)].chunks(16 << 10) {
+        // In 16 KiB pushes, as the loop reads: the buffer grows with what came, never past the
+        // frame.
+        let mut chunks = wire[..HEADER + (1 << 20)].chunks(16 << 10);
+        d.push(chunks.next().unwrap());
+        d.push(chunks.next().unwrap());
+        assert!(
+            d.buf.capacity() <= KEEP,
+            "announced is not reserved: {}",
+            d.buf.capacity()
+        );
+        for chunk in chunks {
             d.push(chunk);
         }
-        assert!(d.buf.capacity() < (1 << 20) + 64, "{}", d.buf.capacity());
+        assert_eq!(d.buf.capacity(), HEADER + (1 << 20));
         assert_eq!(d.pending(), HEADER + (1 << 20));
         let f = d.next_frame().unwrap().unwrap();
         assert_eq!((f.kind, f.payload.len()), (Kind::Request, 1 << 20));

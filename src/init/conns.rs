@@ -71,6 +71,9 @@ struct Conn {
     want_write: bool,
 }
 
+/// Clients accepted per event of the listener.
+const ACCEPTS_PER_EVENT: usize = 64;
+
 /// Whether the listener is in the epoll set, and why not. Out of it, clients wait in the
 /// kernel's listen queue: the loop neither spins on a listener it cannot serve nor drops them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,9 +225,11 @@ impl Conns {
     /// is answered with an error and closed: only the init's own user may start terraform or
     /// control the init through it. When no more can be accepted (the cap, or accept(2) failed:
     /// out of descriptors), the listener leaves the epoll set until a connection closes or a
-    /// short timer fires, so that the loop never spins on it.
+    /// short timer fires, so that the loop never spins on it. At most [`ACCEPTS_PER_EVENT`] per
+    /// event: the listener is level-triggered, so the rest come at the next turn of the loop,
+    /// after the signals.
     pub(super) fn accept_all(&mut self, epoll: &Epoll) {
-        loop {
+        for _ in 0..ACCEPTS_PER_EVENT {
             let Some(l) = &self.listener else {
                 return;
             };

@@ -69,9 +69,34 @@ pub(super) struct Init {
     scratch: Vec<u8>,
     /// What the metrics count (atomics the scraper reads).
     metrics: Arc<Metrics>,
-    /// The loop's own warnings that can repeat (a signal that cannot be forwarded, a pipe that
-    /// cannot be read): rate-limited, so that nothing floods the log.
-    warn: Throttle,
+    /// The loop's own warnings that can repeat, each kind rate-limited.
+    warn: LoopWarnings,
+}
+
+/// The loop's own warnings that can repeat as fast as the loop turns or signals come (a
+/// syscall failing for good, a signal that cannot be forwarded, pipes that cannot be read): each
+/// kind passes a few lines a minute, so that nothing floods the log.
+#[derive(Debug)]
+struct LoopWarnings {
+    /// epoll_wait(2) failed.
+    wait: Throttle,
+    /// Reading the signalfd failed.
+    signals: Throttle,
+    /// A signal could not be forwarded.
+    forward: Throttle,
+    /// terraform's output could not be watched or read.
+    output: Throttle,
+}
+
+impl Default for LoopWarnings {
+    fn default() -> Self {
+        LoopWarnings {
+            wait: Throttle::per_minute(),
+            signals: Throttle::per_minute(),
+            forward: Throttle::per_minute(),
+            output: Throttle::per_minute(),
+        }
+    }
 }
 
 impl Init {
@@ -123,7 +148,7 @@ impl Init {
             reports,
             scratch: vec![0u8; protocol::MAX_DATA],
             metrics,
-            warn: Throttle::per_minute(),
+            warn: LoopWarnings::default(),
         })
     }
 
@@ -139,6 +164,13 @@ impl Init {
         }
         self.metrics.set_phase(self.timeline.phase().as_str());
         self.metrics.set_control_connections(self.conns.len());
+    }
+
+    /// epoll_wait(2) failed with `e` (never expected): said a few times a minute at most.
+    pub(super) fn wait_failed(&mut self, e: Errno) {
+        if let Some(held_back) = self.warn.wait.allow(Instant::now()) {
+            tracing::warn!(error = %e, held_back, "epoll_wait failed; retrying");
+        }
     }
 
     /// Waits for events until `timeout`.
@@ -254,7 +286,9 @@ impl Init {
                 Ok(None) => return,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the signalfd failed");
+                    if let Some(held_back) = self.warn.signals.allow(Instant::now()) {
+                        tracing::warn!(error = %e, held_back, "reading the signalfd failed");
+                    }
                     return;
                 }
             }
@@ -329,7 +363,7 @@ impl Init {
                 tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to")
             }
             Err(e) => {
-                if let Some(held_back) = self.warn.allow(Instant::now()) {
+                if let Some(held_back) = self.warn.forward.allow(Instant::now()) {
                     tracing::warn!(signal = %signals::name(to), %target, error = %e, held_back, "forwarding failed")
                 }
             }
@@ -707,7 +741,7 @@ impl Init {
             if let Some(fd) = self.runs.pipe(id, stream) {
                 let ev = EpollEvent::new(EpollFlags::EPOLLIN, token::output(id, stream));
                 if let Err(e) = self.epoll.add(fd, ev) {
-                    if let Some(held_back) = self.warn.allow(Instant::now()) {
+                    if let Some(held_back) = self.warn.output.allow(Instant::now()) {
                         tracing::warn!(run = %id, error = %e, held_back, "cannot watch terraform's output");
                     }
                 }
@@ -766,7 +800,7 @@ impl Init {
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    if let Some(held_back) = self.warn.allow(Instant::now()) {
+                    if let Some(held_back) = self.warn.output.allow(Instant::now()) {
                         tracing::warn!(run = %id, stream = stream.as_str(), error = %e, held_back, "reading terraform's output failed; closing it");
                     }
                     return self.close_pipe(id, stream);

@@ -8,6 +8,8 @@
 //!   answer; a normal run goes through meanwhile.
 //! - 300 idle connections under an open-files limit of 256: the init neither spins (CPU) nor
 //!   floods its log (one warning), and a shim's run starts once descriptors free.
+//! - 44 connections more than the init serves: they wait in the listen queue, the loop idle,
+//!   and come in as others close.
 //! - Clients dripping their HTTP request a byte a second into every place of the metrics server:
 //!   scrapes are answered throughout, and the drippers are closed.
 //!
@@ -36,8 +38,10 @@ use tfinit::protocol::{self, ExitNote, Kind};
 const MAX_CPU_SHARE: f64 = 0.25;
 const MAX_LOG_LINES: usize = 200;
 
-/// How long the init gives a client to send its whole request (src/init/bounds.rs).
+/// How long the init gives a client to send its whole request, and how many connections it
+/// serves at once (src/init/bounds.rs).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+const MAX_CONNECTIONS: usize = 1024;
 
 /// The share of one core the init used over `window` (a measurement, not a wait for anything).
 fn cpu_share(init: &HelperInit, window: Duration) -> f64 {
@@ -105,7 +109,7 @@ fn half_sent(socket: &Path, n: usize, len: usize) -> Vec<UnixStream> {
 
 #[test]
 fn half_sent_requests_keep_the_init_within_its_memory_bound_and_each_gets_an_answer() {
-    if !root() || !common::enough_descriptors(2048) {
+    if !root() || !common::enough_descriptors(4096) {
         return;
     }
     let _g = heavy();
@@ -116,7 +120,7 @@ fn half_sent_requests_keep_the_init_within_its_memory_bound_and_each_gets_an_ans
     let bound_kib = (tfinit::init::memory_bound(limit) / 1024) as u64;
     let idle = init.usage();
     // Inside a memory cgroup of (about) the bound: the old init took 64 x 4 MiB here and was
-    // OOM-killed in 256 MiB; this attack made it take 256 x the request limit.
+    // OOM-killed in 256 MiB; this attack made it take 1,024 x the request limit.
     let cgroup_limit = (idle.rss_kib + bound_kib + 16 * 1024) * 1024;
     let cgroup = match MemoryCgroup::new("tfinit-test-hostile", cgroup_limit) {
         Ok(g) => {
@@ -131,10 +135,10 @@ fn half_sent_requests_keep_the_init_within_its_memory_bound_and_each_gets_an_ans
     let lines_before = log_lines(&init);
     let started = Instant::now();
     let cpu0 = init.usage().cpu_ms;
-    // The issue's attack (64 x 4 MiB), then 256 connections (the most the init serves) each
+    // The issue's attack (64 x 4 MiB), then as many connections as the init serves, each
     // announcing a request of the largest size the init takes.
     let mut conns = half_sent(&init.socket(), 64, 4 << 20);
-    conns.extend(half_sent(&init.socket(), 256, limit));
+    conns.extend(half_sent(&init.socket(), MAX_CONNECTIONS, limit));
     let sent_in = started.elapsed();
     assert!(alive(init.pid), "the init died during the attack");
     // A normal run goes through while the half-sent requests are held: they cannot keep a whole
@@ -169,7 +173,7 @@ fn half_sent_requests_keep_the_init_within_its_memory_bound_and_each_gets_an_ans
     let after = init.usage();
     let lines = log_lines(&init) - lines_before;
     eprintln!(
-        "hostile: half-sent requests (64 x 4 MiB, then 256 x {limit} bytes, sent in {sent_in:.1?}): \
+        "hostile: half-sent requests (64 x 4 MiB, then {MAX_CONNECTIONS} x {limit} bytes, sent in {sent_in:.1?}): \
          answers {codes:?}; init RSS {} KiB idle, {} KiB while held, peak {} KiB (+{} KiB; bound +{bound_kib} KiB); \
          {burst_cpu_ms} ms of CPU to read them, then {:.1} % of a core while they were held; {lines} log lines; \
          a normal run took {run_took:.1?} meanwhile",
@@ -318,7 +322,7 @@ fn idle_connections_past_the_descriptor_limit_neither_spin_nor_flood_and_a_run_s
 
 #[test]
 fn connections_past_the_cap_wait_in_the_listen_queue_and_come_in_as_others_close() {
-    if !root() || !common::enough_descriptors(2048) {
+    if !root() || !common::enough_descriptors(4096) {
         return;
     }
     let _g = heavy();
@@ -340,17 +344,18 @@ fn connections_past_the_cap_wait_in_the_listen_queue_and_come_in_as_others_close
     };
     wait_for(SOON, "the metrics server", || scrape(addr, get));
     let lines_before = log_lines(&init);
-    let mut conns: Vec<UnixStream> = (0..300)
+    let mut conns: Vec<UnixStream> = (0..MAX_CONNECTIONS + 44)
         .map(|_| UnixStream::connect(init.socket()).expect("connect (the listen queue takes it)"))
         .collect();
     let open = "tfinit_control_connections";
-    wait_for(SOON, "256 connections open", || {
-        (metric(open)? == 256.0).then_some(())
+    let cap = MAX_CONNECTIONS as f64;
+    wait_for(SOON, "the most connections open", || {
+        (metric(open)? == cap).then_some(())
     });
     init.log_line(&["the control socket has its most open connections"]);
     // Not one more while they stay (the test's own measurement window, not a wait for an event).
     let share = cpu_share(&init, Duration::from_secs(2));
-    assert_eq!(metric(open), Some(256.0), "the cap holds");
+    assert_eq!(metric(open), Some(cap), "the cap holds");
     // 50 leave: the 44 waiting come in, and a shim's run with them.
     conns.drain(..50);
     let out = common::run_output(
@@ -371,13 +376,13 @@ fn connections_past_the_cap_wait_in_the_listen_queue_and_come_in_as_others_close
         assert!(
             note.and_then(|n| n.error)
                 .is_some_and(|e| e.contains("did not come whole")),
-            "connection {} of the 250 left was not answered",
-            i
+            "connection {i} of those left was not answered"
         );
     }
     let lines = log_lines(&init) - lines_before;
     eprintln!(
-        "hostile: 300 connections against the cap of 256: {:.1} % of a core while 44 waited; {lines} log lines",
+        "hostile: {} connections against the cap of {MAX_CONNECTIONS}: {:.1} % of a core while 44 waited; {lines} log lines",
+        MAX_CONNECTIONS + 44,
         share * 100.0
     );
     assert!(share < MAX_CPU_SHARE, "CPU {share:.2} of a core");

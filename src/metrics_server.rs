@@ -223,9 +223,12 @@ impl Server {
                 .iter()
                 .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
                 .collect(),
-            // EINTR, or the impossible (EFAULT, EINVAL): nothing is ready; the deadlines still
-            // come round, and poll(2) did wait.
-            Err(_) => vec![false; fds.len()],
+            // Every signal is blocked in this thread, so no EINTR; ENOMEM: nothing is ready, and
+            // a short pause keeps a failing poll(2) from spinning this thread.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                vec![false; fds.len()]
+            }
         }
     }
 

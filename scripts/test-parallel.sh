@@ -4,8 +4,8 @@
 # after the other in a background job, writing target/test-logs/GROUP.log; the logs are printed
 # in order once every job has ended. Groups share nothing a test can see (each test has its own
 # temp dir, PID namespace, run dir, moto port and Docker names); what must not overlap stays in
-# one group: the heavy process/pid bursts (load, bad_input_peers, pid1_reaping, shim_bytes) run
-# one after the other in `heavy`, the Docker tests in `pods`. Most tests wait on processes, not on
+# one group: the heavy process/pid bursts (load, bad_input_peers, pid1_reaping, shim_bytes,
+# hostile_clients) run one after the other in `heavy`, the Docker tests in `pods`. Most tests wait on processes, not on
 # the CPU, which is why 4 groups fit on 2 cores. A test binary no group names goes to `rest`, so a
 # new file is never left out.
 #
@@ -42,7 +42,7 @@ while IFS=$'\t' read -r name path; do
     case " ${TFINIT_TEST_ONLY:-$name} " in *" $name "*) exe[$name]=$path ;; esac
 done <"$logs/binaries.tsv"
 
-heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival"
+heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival hostile_clients"
 pods="locks_recovery locks_never locks_state kubernetes records container_shutdown container_recovery container_images"
 terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples"
 rest=""

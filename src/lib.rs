@@ -18,3 +18,4 @@ pub mod protocol;
 mod signals;
 pub mod sys;
 mod terraform;
+mod throttle;

@@ -113,6 +113,72 @@ impl Cancel {
     }
 }
 
+/// Which listening socket, as `tfinit_accept_pauses_total{listener}` and
+/// `tfinit_connections_dropped_total{listener}` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Listener {
+    /// The control socket (shims, `tfinit status`...).
+    Control,
+    /// The metrics server (TFINIT_METRICS_ADDR).
+    Metrics,
+}
+
+impl Listener {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Listener::Control => "control",
+            Listener::Metrics => "metrics",
+        }
+    }
+}
+
+/// Why a listener stopped accepting for a while (clients waited in the listen queue), as
+/// `tfinit_accept_pauses_total{reason}` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pause {
+    /// As many connections are open as the listener serves.
+    Connections,
+    /// accept(2) failed for want of descriptors (EMFILE, ENFILE).
+    Descriptors,
+    /// accept(2) failed otherwise (ENOMEM, ENOBUFS...).
+    Error,
+}
+
+impl Pause {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Pause::Connections => "connections",
+            Pause::Descriptors => "descriptors",
+            Pause::Error => "error",
+        }
+    }
+}
+
+/// Why the init closed a client before serving it, as `tfinit_connections_dropped_total{reason}`
+/// names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dropped {
+    /// Its request (or, for the metrics server, the whole exchange) did not end in time.
+    Deadline,
+    /// Its request did not fit in the memory the init keeps for requests.
+    Memory,
+    /// The metrics server closed its oldest connection to serve a new one.
+    Evicted,
+}
+
+impl Dropped {
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Dropped::Deadline => "deadline",
+            Dropped::Memory => "memory",
+            Dropped::Evicted => "evicted",
+        }
+    }
+}
+
 /// The subcommands `tfinit_runs_total` and the duration histogram name; anything else is
 /// `other`, so a typo in a controller cannot grow the label set without bound.
 const SUBCOMMANDS: [&str; 38] = [
@@ -205,6 +271,18 @@ struct PhaseLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CancelLabels {
     how: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PauseLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DroppedLabels {
+    listener: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -338,6 +416,9 @@ pub struct Metrics {
     store_state: Family<NameLabels, Gauge>,
     shutdown_phase: Family<PhaseLabels, Gauge>,
     cancels: Family<CancelLabels, Counter>,
+    accept_pauses: Family<PauseLabels, Counter>,
+    dropped: Family<DroppedLabels, Counter>,
+    control_connections: Gauge,
     heartbeat: Arc<HeartbeatAge>,
 }
 
@@ -389,6 +470,9 @@ impl Metrics {
         let store_state = Family::<NameLabels, Gauge>::default();
         let shutdown_phase = Family::<PhaseLabels, Gauge>::default();
         let cancels = Family::<CancelLabels, Counter>::default();
+        let accept_pauses = Family::<PauseLabels, Counter>::default();
+        let dropped = Family::<DroppedLabels, Counter>::default();
+        let control_connections = Gauge::default();
         // The small families' label sets now (a record then never takes their write lock). The
         // per-subcommand and per-signal ones are made at first use: made up front they would
         // cost about 300 KiB of an idle init's memory (measured), for series that mostly stay 0.
@@ -460,6 +544,21 @@ impl Metrics {
             cancels.clone(),
         );
         registry.register(
+            "accept_pauses",
+            "Times a listener stopped accepting for a while (clients wait in its listen queue meanwhile), by listener and why (connections: at its cap; descriptors: out of file descriptors)",
+            accept_pauses.clone(),
+        );
+        registry.register(
+            "connections_dropped",
+            "Clients closed before they were served, by listener and why (deadline: too slow; memory: their request did not fit; evicted: the metrics server's oldest, for a new one)",
+            dropped.clone(),
+        );
+        registry.register(
+            "control_connections",
+            "Client connections open on the control socket",
+            control_connections.clone(),
+        );
+        registry.register(
             "build",
             "The tfinit build",
             Info::new(VersionLabels { version }),
@@ -484,6 +583,9 @@ impl Metrics {
             store_state,
             shutdown_phase,
             cancels,
+            accept_pauses,
+            dropped,
+            control_connections,
             heartbeat,
         }
     }
@@ -587,6 +689,31 @@ impl Metrics {
             .inc();
     }
 
+    /// `listener` stopped accepting for a while, for `why`.
+    pub fn accept_paused(&self, listener: Listener, why: Pause) {
+        self.accept_pauses
+            .get_or_create(&PauseLabels {
+                listener: listener.label(),
+                reason: why.label(),
+            })
+            .inc();
+    }
+
+    /// A client of `listener` was closed before it was served, for `why`.
+    pub fn dropped(&self, listener: Listener, why: Dropped) {
+        self.dropped
+            .get_or_create(&DroppedLabels {
+                listener: listener.label(),
+                reason: why.label(),
+            })
+            .inc();
+    }
+
+    /// `n` client connections are open on the control socket.
+    pub fn set_control_connections(&self, n: usize) {
+        self.control_connections.set(n as i64);
+    }
+
     /// Every metric, in the OpenMetrics text format (ends with `# EOF`).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
@@ -631,6 +758,9 @@ mod tests {
         m.set_store_state("open");
         m.set_phase("draining");
         m.cancelled(Cancel::Graceful);
+        m.accept_paused(Listener::Control, Pause::Descriptors);
+        m.dropped(Listener::Metrics, Dropped::Evicted);
+        m.set_control_connections(3);
         m.set_heartbeat(Instant::now() - Duration::from_secs(2));
         let t = m.render();
         assert_eq!(value(&t, ok), Some(1.0), "{t}");
@@ -716,6 +846,21 @@ mod tests {
             value(&t, "tfinit_shutdown_phase{phase=\"running\"}"),
             Some(0.0)
         );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_accept_pauses_total{listener=\"control\",reason=\"descriptors\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_connections_dropped_total{listener=\"metrics\",reason=\"evicted\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(value(&t, "tfinit_control_connections"), Some(3.0));
         let age = value(&t, "tfinit_heartbeat_age_seconds").unwrap();
         assert!((2.0..10.0).contains(&age), "{age}");
     }

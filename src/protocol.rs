@@ -12,8 +12,43 @@ use serde::{Deserialize, Serialize};
 /// The protocol version this build speaks. A request with another version gets an error reply.
 pub const VERSION: u32 = 1;
 
-/// Largest payload accepted: requests carry argv and the environment (Linux caps both at ~2 MiB).
+/// Largest payload a client accepts from the init (replies carry the status of every run).
 pub const MAX_PAYLOAD: usize = 4 << 20;
+
+/// The kernel's floor for the bytes of argument and environment strings exec(2) takes: 32 pages
+/// (the historical ARG_MAX), whatever the stack limit.
+pub const ARG_MAX_FLOOR: usize = 128 << 10;
+
+/// The kernel's ceiling for the same: 3/4 of its 8 MiB `_STK_LIM`, whatever the stack limit
+/// (fs/exec.c; measured: `ulimit -s unlimited` and `ulimit -s 65536` both give 6 MiB).
+pub const ARG_MAX_CEILING: usize = 6 << 20;
+
+/// What a request carries besides its arguments and environment: the program and working
+/// directory (each at most PATH_MAX, 4 KiB), the field names, the workspace, and JSON's escapes.
+pub const ENVELOPE: usize = 64 << 10;
+
+/// Bytes of argument and environment strings exec(2) takes in a process whose soft stack limit
+/// is `stack` (None: unlimited): a quarter of it, between [`ARG_MAX_FLOOR`] and
+/// [`ARG_MAX_CEILING`], as the kernel computes it (measured on Linux 6.18: 8 MiB of stack gives
+/// `getconf ARG_MAX` = 2,097,152 and 16 MiB gives 4 MiB). Each string counts its bytes, its NUL
+/// and an 8-byte pointer, and is at most 128 KiB (MAX_ARG_STRLEN).
+pub fn arg_max(stack: Option<u64>) -> usize {
+    let quarter = stack.map_or(usize::MAX, |s| usize::try_from(s / 4).unwrap_or(usize::MAX));
+    quarter.clamp(ARG_MAX_FLOOR, ARG_MAX_CEILING)
+}
+
+/// The largest request frame the init takes when its children's exec(2) takes `arg_max` bytes
+/// of strings ([`arg_max`]): anything larger could not start terraform anyway. A string costs
+/// exec(2) its bytes plus 9 (NUL and pointer) and costs JSON its bytes plus 3 (quotes and
+/// comma), so the JSON of what exec(2) takes fits in `arg_max`; [`ENVELOPE`] covers the rest.
+pub fn request_limit(arg_max: usize) -> usize {
+    arg_max + ENVELOPE
+}
+
+/// [`request_limit`] for this process's own stack limit (the init's children inherit it).
+pub fn request_limit_here() -> usize {
+    request_limit(arg_max(crate::sys::stack_limit()))
+}
 
 /// Largest data payload the init sends in one frame.
 pub const MAX_DATA: usize = 256 << 10;
@@ -88,8 +123,13 @@ pub enum DecodeError {
     )]
     UnknownKind(u8),
     /// The announced length is over the limit.
-    #[error("frame of {0} bytes is over the limit of {MAX_PAYLOAD} bytes")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes is over the limit of {limit} bytes (what exec(2) takes for terraform's arguments and environment here, ARG_MAX, plus {ENVELOPE} bytes)")]
+    TooLarge {
+        /// The announced length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 /// Appends one frame to `out`.
@@ -107,29 +147,56 @@ pub fn encode_json<T: Serialize>(kind: Kind, value: &T, out: &mut Vec<u8>) {
     encode(kind, &body, out);
 }
 
-/// Checks a frame header: its kind and payload length.
-pub fn parse_header(h: [u8; HEADER]) -> Result<(Kind, usize), DecodeError> {
+/// Checks a frame header: its kind, and its payload length against `limit`.
+pub fn parse_header(h: [u8; HEADER], limit: usize) -> Result<(Kind, usize), DecodeError> {
     let kind = Kind::from_byte(h[0]).ok_or(DecodeError::UnknownKind(h[0]))?;
     let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
-    if len > MAX_PAYLOAD {
-        return Err(DecodeError::TooLarge(len));
+    if len > limit {
+        return Err(DecodeError::TooLarge { len, limit });
     }
     Ok((kind, len))
 }
 
-/// Incremental frame decoder: push bytes as they arrive, take whole frames out.
-#[derive(Debug, Default)]
+/// A decoder's buffer is given back to the allocator once empty if it grew past this: a
+/// connection that once received a large request must not keep its memory for the whole run.
+const KEEP: usize = 64 << 10;
+
+/// Incremental frame decoder: push bytes as they arrive, take whole frames out. It holds at most
+/// one unfinished frame of at most `limit` bytes, plus the bytes of one push after it.
+#[derive(Debug)]
 pub struct Decoder {
     buf: Vec<u8>,
     start: usize,
+    limit: usize,
 }
 
 impl Decoder {
-    /// Appends received bytes.
+    /// A decoder of frames of at most `limit` payload bytes.
+    pub fn new(limit: usize) -> Decoder {
+        Decoder {
+            buf: Vec::new(),
+            start: 0,
+            limit,
+        }
+    }
+
+    /// Appends received bytes. The buffer grows as bytes come (doubling, so that each byte is
+    /// copied about once), but never past the frame whose header is in: a frame announced and
+    /// never sent reserves no more than what came of it.
     pub fn push(&mut self, bytes: &[u8]) {
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
+        }
+        let need = self.buf.len() + bytes.len();
+        if need > self.buf.capacity() {
+            let doubled = need.max(2 * self.buf.capacity()).max(KEEP);
+            let target = match self.frame_len() {
+                // The frame's end (and what comes after it in this push) is as far as it goes.
+                Some(whole) => doubled.min((self.start + whole).max(need)),
+                None => doubled,
+            };
+            self.buf.reserve_exact(target - self.buf.len());
         }
         self.buf.extend_from_slice(bytes);
     }
@@ -137,6 +204,25 @@ impl Decoder {
     /// Bytes received but not yet decoded.
     pub fn pending(&self) -> usize {
         self.buf.len() - self.start
+    }
+
+    /// Drops every byte received and not decoded (the connection is answered and read no more).
+    pub fn clear(&mut self) {
+        self.buf = Vec::new();
+        self.start = 0;
+    }
+
+    /// The payload length the unfinished frame announced, once its header came.
+    pub fn expected(&self) -> Option<usize> {
+        self.frame_len().map(|n| n - HEADER)
+    }
+
+    /// The length (header included) of the frame that starts the pending bytes, once its header
+    /// is in and valid.
+    fn frame_len(&self) -> Option<usize> {
+        let h = self.buf.get(self.start..self.start + HEADER)?;
+        let (_, len) = parse_header([h[0], h[1], h[2], h[3], h[4]], self.limit).ok()?;
+        Some(HEADER + len)
     }
 
     /// The next whole frame, if one has arrived. An error is final for the connection.
@@ -149,13 +235,25 @@ impl Decoder {
         if avail.len() < HEADER {
             return Ok(None);
         }
-        let (kind, len) = parse_header([avail[0], avail[1], avail[2], avail[3], avail[4]])?;
+        let h = [avail[0], avail[1], avail[2], avail[3], avail[4]];
+        let (kind, len) = parse_header(h, self.limit)?;
         if avail.len() < HEADER + len {
             return Ok(None);
         }
-        let payload = avail[HEADER..HEADER + len].to_vec();
-        self.start += HEADER + len;
-        if self.start > (1 << 20) && self.start * 2 > self.buf.len() {
+        let payload = if self.start == 0 && self.buf.len() == HEADER + len {
+            // The buffer is this one frame (a request, most often): hand it over without a copy
+            // of up to `limit` bytes.
+            let mut whole = std::mem::take(&mut self.buf);
+            whole.drain(..HEADER);
+            whole
+        } else {
+            let p = avail[HEADER..HEADER + len].to_vec();
+            self.start += HEADER + len;
+            p
+        };
+        if self.start == self.buf.len() && self.buf.capacity() > KEEP {
+            self.clear();
+        } else if self.start > KEEP && self.start * 2 > self.buf.len() {
             self.buf.drain(..self.start);
             self.start = 0;
         }
@@ -402,7 +500,7 @@ mod tests {
             &mut wire,
         );
         for split in 0..wire.len() {
-            let mut d = Decoder::default();
+            let mut d = Decoder::new(MAX_PAYLOAD);
             let mut got = Vec::new();
             d.push(&wire[..split]);
             while let Some(f) = d.next_frame().unwrap() {
@@ -422,12 +520,68 @@ mod tests {
 
     #[test]
     fn rejects_unknown_kind_and_oversized() {
-        let mut d = Decoder::default();
+        let mut d = Decoder::new(MAX_PAYLOAD);
         d.push(b"Z\0\0\0\0");
         assert_eq!(d.next_frame(), Err(DecodeError::UnknownKind(b'Z')));
-        let mut d = Decoder::default();
+        let mut d = Decoder::new(MAX_PAYLOAD);
         d.push(&[b'R', 0xff, 0xff, 0xff, 0xff]);
-        assert_eq!(d.next_frame(), Err(DecodeError::TooLarge(0xffff_ffff)));
+        assert_eq!(
+            d.next_frame(),
+            Err(DecodeError::TooLarge {
+                len: 0xffff_ffff,
+                limit: MAX_PAYLOAD
+            })
+        );
+        // The limit is the decoder's: one byte over it is refused, the limit itself is not.
+        let mut d = Decoder::new(10);
+        d.push(&[b'R', 0, 0, 0, 11]);
+        assert_eq!(
+            d.next_frame(),
+            Err(DecodeError::TooLarge { len: 11, limit: 10 })
+        );
+        let mut d = Decoder::new(10);
+        d.push(&[b'R', 0, 0, 0, 10]);
+        d.push(&[b'x'; 10]);
+        assert_eq!(d.next_frame().unwrap().unwrap().payload, vec![b'x'; 10]);
+    }
+
+    #[test]
+    fn a_large_frame_is_handed_over_whole_and_its_memory_given_back() {
+        let mut d = Decoder::new(1 << 20);
+        let mut wire = Vec::new();
+        encode(Kind::Request, &vec![b'r'; 1 << 20], &mut wire);
+        encode(Kind::Signal, b"{}", &mut wire);
+        // In 16 KiB pushes, as the loop reads: the buffer grows with what came, never past the
+        // frame.
+        let mut chunks = wire[..HEADER + (1 << 20)].chunks(16 << 10);
+        d.push(chunks.next().unwrap());
+        d.push(chunks.next().unwrap());
+        assert!(
+            d.buf.capacity() <= KEEP,
+            "announced is not reserved: {}",
+            d.buf.capacity()
+        );
+        for chunk in chunks {
+            d.push(chunk);
+        }
+        assert_eq!(d.buf.capacity(), HEADER + (1 << 20));
+        assert_eq!(d.pending(), HEADER + (1 << 20));
+        let f = d.next_frame().unwrap().unwrap();
+        assert_eq!((f.kind, f.payload.len()), (Kind::Request, 1 << 20));
+        assert_eq!((d.pending(), d.buf.capacity()), (0, 0));
+        d.push(&wire[HEADER + (1 << 20)..]);
+        assert_eq!(d.next_frame().unwrap().unwrap().kind, Kind::Signal);
+        assert_eq!(d.next_frame(), Ok(None));
+    }
+
+    #[test]
+    fn the_request_limit_is_what_exec_takes_plus_the_envelope() {
+        assert_eq!(arg_max(Some(8 << 20)), 2 << 20, "the default 8 MiB stack");
+        assert_eq!(arg_max(Some(16 << 20)), 4 << 20);
+        assert_eq!(arg_max(Some(64 << 20)), ARG_MAX_CEILING);
+        assert_eq!(arg_max(None), ARG_MAX_CEILING, "an unlimited stack");
+        assert_eq!(arg_max(Some(256 << 10)), ARG_MAX_FLOOR);
+        assert_eq!(request_limit(2 << 20), (2 << 20) + (64 << 10));
     }
 
     #[test]

@@ -105,6 +105,32 @@ pub(crate) fn raise_nofile() {
     }
 }
 
+/// Makes every allocation of at least `threshold` bytes a mapping of its own, unmapped when
+/// freed. glibc otherwise raises this threshold to the size of the largest such block freed
+/// (up to 32 MiB) and keeps later ones in its heap, where freed memory stays resident: a burst of
+/// large client requests would leave the init's RSS at its peak for good. Setting it turns that
+/// adjustment off. Returns false when glibc refused.
+pub fn return_large_buffers(threshold: usize) -> bool {
+    let Ok(value) = libc::c_int::try_from(threshold) else {
+        return false;
+    };
+    // SAFETY: mallopt changes a malloc parameter; it takes plain integers and is called before
+    // the loop's allocations (any time is allowed: glibc serialises it with its arenas' locks).
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, value) == 1 }
+}
+
+/// The soft stack limit (RLIMIT_STACK) of this process, in bytes; None when unlimited (or when
+/// it cannot be read: the kernel then uses its largest ARG_MAX, and so does the caller).
+pub fn stack_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `lim`, a valid and writable rlimit.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
 /// Gives the child started by `cmd` the process state a normal program expects: an empty signal
 /// mask (the init blocks everything it reads through its signalfd, and a mask survives exec) and
 /// the open-files limit tfinit was started with. Dispositions were reset to SIG_DFL at start-up,

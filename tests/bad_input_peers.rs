@@ -22,7 +22,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use tfinit::protocol::{self, Envelope, ExitNote, Kind, Request, RunRequest, MAX_PAYLOAD};
+use tfinit::protocol::{self, Envelope, ExitNote, Kind, Request, RunRequest};
 
 /// A gibibyte.
 const GIB: u64 = 1 << 30;
@@ -72,7 +72,8 @@ fn a_gibibyte_of_garbage_from_a_peer_is_refused_early_and_never_buffered() {
     let tmp = TempDir::new("bad-garbage");
     let init = HelperInit::start(&tmp, Setup::default());
     let before = init.peak_rss_kib();
-    let max = (MAX_PAYLOAD as u32).to_be_bytes();
+    // The init's request limit: it inherits this process's stack limit.
+    let max = (protocol::request_limit_here() as u32).to_be_bytes();
     let cases: [(&str, Vec<u8>, &str); 3] = [
         (
             "bytes that are no frame",
@@ -116,7 +117,7 @@ fn a_gibibyte_of_garbage_from_a_peer_is_refused_early_and_never_buffered() {
     }
     let peak = init.peak_rss_kib();
     eprintln!("bad_input: garbage peers: init peak RSS {before} KiB before, {peak} KiB after");
-    // One frame (4 MiB) and its copy at most, never the gibibyte.
+    // One frame (the request limit) and what parsing it costs at most, never the gibibyte.
     assert!(
         peak < before + 24 * 1024,
         "peak RSS grew from {before} to {peak} KiB"
@@ -223,9 +224,11 @@ fn a_gibibyte_of_garbage_signal_frames_during_a_run_is_read_and_dropped_and_the_
     wait_for(SOON, "terraform to start", || {
         read(&log).contains("pid ").then_some(())
     });
-    // 256 Signal frames of 4 MiB each whose payload is not JSON: each is read and dropped.
-    let mut garbage = Vec::with_capacity(protocol::HEADER + MAX_PAYLOAD);
-    protocol::encode(Kind::Signal, &vec![b'x'; MAX_PAYLOAD], &mut garbage);
+    // Signal frames of the largest size (the init's request limit: it inherits this process's
+    // stack limit) whose payload is not JSON: each is read and dropped.
+    let largest = protocol::request_limit_here();
+    let mut garbage = Vec::with_capacity(protocol::HEADER + largest);
+    protocol::encode(Kind::Signal, &vec![b'x'; largest], &mut garbage);
     let started = Instant::now();
     let mut total = 0u64;
     while total < GIB {

@@ -165,6 +165,8 @@ fn malformed_frames_get_an_error_reply_and_the_init_keeps_serving() {
         return;
     }
     let init = ProtocolInit::start("proto-malformed");
+    // The init inherits this process's stack limit, and with it the same request limit.
+    let limit = tfinit::protocol::request_limit_here() as u32;
     let request = |v: Value| frame(b'R', v.to_string().as_bytes());
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
@@ -183,8 +185,8 @@ fn malformed_frames_get_an_error_reply_and_the_init_keeps_serving() {
             "over the limit",
         ),
         (
-            "a length just over the limit",
-            [&[b'R'][..], &((4u32 << 20) + 1).to_be_bytes()].concat(),
+            "a length just over the limit (what exec(2) takes here, plus 64 KiB)",
+            [&[b'R'][..], &(limit + 1).to_be_bytes()].concat(),
             "over the limit",
         ),
         (
@@ -279,7 +281,9 @@ fn a_gibibyte_of_stream_garbage_is_cut_off_early_without_growing_the_init() {
     }
     let init = ProtocolInit::start("proto-gib");
     let before = init.peak_rss_kib();
-    // No frame at all; then a maximal frame header followed by an endless body.
+    // No frame at all; then a maximal frame header (the init's limit: it inherits this
+    // process's stack limit) followed by an endless body.
+    let limit = tfinit::protocol::request_limit_here() as u32;
     let headers: [(&str, Vec<u8>, &str); 2] = [
         (
             "bytes that are no frame",
@@ -287,8 +291,8 @@ fn a_gibibyte_of_stream_garbage_is_cut_off_early_without_growing_the_init() {
             "unknown frame kind byte 0x2a",
         ),
         (
-            "a 4 MiB request followed by more",
-            [&[b'R'][..], &(4u32 << 20).to_be_bytes()].concat(),
+            "a request of the largest size followed by more",
+            [&[b'R'][..], &limit.to_be_bytes()].concat(),
             "malformed request",
         ),
     ];

@@ -34,7 +34,7 @@ pub fn read_frame(sock: &mut UnixStream, payload: &mut Vec<u8>) -> io::Result<Op
             Err(e) => return Err(e),
         }
     }
-    let (kind, len) = protocol::parse_header(header)
+    let (kind, len) = protocol::parse_header(header, protocol::MAX_PAYLOAD)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     payload.resize(len, 0);
     sock.read_exact(payload)?;

@@ -28,7 +28,7 @@ impl Init {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
-                    tracing::warn!(error = %e, "epoll_wait failed; retrying");
+                    self.wait_failed(e);
                     std::thread::sleep(Duration::from_millis(10));
                     0
                 }

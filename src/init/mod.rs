@@ -3,12 +3,13 @@
 //!
 //! Where the code is: event_loop.rs waits and dispatches; supervisor.rs holds the concerns and
 //! carries out the actions they return (action.rs). The concerns, each owning its state: runs/
-//! (terraform runs), conns.rs and session.rs (the control socket's clients), records.rs (lock-owner
+//! (terraform runs), conns.rs and session.rs (the control socket's clients, held to bounds.rs), records.rs (lock-owner
 //! records), reports.rs (what recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
 //! (before the loop), spawn.rs (starting processes), reaper.rs (waitpid), forward.rs (where
 //! signals go), status.rs (the status document), token.rs (epoll tokens), plain.rs (the fallback).
 
 mod action;
+mod bounds;
 mod conns;
 mod event_loop;
 mod forward;
@@ -26,6 +27,7 @@ mod status;
 mod supervisor;
 mod token;
 
+pub use bounds::memory_bound;
 pub use setup::signals;
 
 use std::ffi::OsString;
@@ -39,6 +41,7 @@ pub fn run(cfg: InitConfig, command: Vec<OsString>, signals: nix::sys::signalfd:
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
+    setup::memory();
     let mode = setup::reaping_mode();
     tracing::debug!(?mode, pid = std::process::id(), "reaping mode");
     let listener = match setup::control_socket(&cfg.run_dir) {

@@ -1,10 +1,13 @@
 //! One client's conversation, without its socket: the frames it sent, where it is (waiting for
 //! its one request, attached to its run, answered and closing), and the bytes queued for it.
-//! Pure: conns.rs owns the socket and moves bytes between it and the session.
+//! Pure: conns.rs owns the socket and moves bytes between it and the session, and keeps the
+//! totals of what every session holds (bounds.rs).
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::time::Instant;
 
+use super::bounds::parsed_cost;
 use super::runs::{CancelTarget, Force};
 use crate::locks::names::RunId;
 use crate::protocol::{
@@ -19,11 +22,21 @@ enum Phase {
     Open {
         /// The shim's stdin, once received.
         stdin: Option<OwnedFd>,
+        /// When it is answered and closed if its request has not come whole.
+        deadline: Instant,
     },
     /// Its request was handed over and not answered yet.
-    Asked,
+    Asked {
+        /// What its run request costs the init until terraform starts (0 for a control request).
+        held: usize,
+    },
     /// Its run request started a run: the run's output and exit note come here.
-    Attached(RunId),
+    Attached {
+        /// The run.
+        run: RunId,
+        /// What its request costs the init until terraform starts (then 0).
+        held: usize,
+    },
     /// Answered: closes once everything queued is written.
     Closing,
 }
@@ -50,6 +63,9 @@ pub(super) enum Input {
     /// The client broke the protocol (the text says how): it is answered with an error, or
     /// dropped when it has a run (as if the shim were gone).
     Broken(String),
+    /// Its request does not fit in what the init keeps for requests now (the text says so): it
+    /// is answered "try again" (exit 75) without being parsed.
+    Busy(String),
 }
 
 /// A control request.
@@ -81,24 +97,60 @@ pub(super) struct Session {
     sent: usize,
 }
 
-impl Default for Session {
-    fn default() -> Self {
+/// The output buffer is given back to the allocator once written if it grew past this: a shim
+/// that once lagged a megabyte behind must not keep that memory for the rest of its run.
+const KEEP_OUT: usize = 64 << 10;
+
+impl Session {
+    /// A new client, whose frames may be `limit` bytes and whose request must have come whole
+    /// by `deadline`.
+    pub(super) fn new(limit: usize, deadline: Instant) -> Session {
         Session {
-            decoder: Decoder::default(),
-            phase: Phase::Open { stdin: None },
+            decoder: Decoder::new(limit),
+            phase: Phase::Open {
+                stdin: None,
+                deadline,
+            },
             out: Vec::new(),
             sent: 0,
         }
     }
-}
 
-impl Session {
+    /// Bytes received and not decoded yet: a frame that has not come whole.
+    pub(super) fn unfinished(&self) -> usize {
+        self.decoder.pending()
+    }
+
+    /// What its run's request costs the init until terraform starts.
+    pub(super) fn held(&self) -> usize {
+        match self.phase {
+            Phase::Asked { held } | Phase::Attached { held, .. } => held,
+            Phase::Open { .. } | Phase::Closing => 0,
+        }
+    }
+
+    /// When it is closed unless its request has come whole (only while it has not).
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Open { deadline, .. } => Some(deadline),
+            Phase::Asked { .. } | Phase::Attached { .. } | Phase::Closing => None,
+        }
+    }
+
+    /// terraform of its run started: its request is no longer held.
+    pub(super) fn launched(&mut self) {
+        if let Phase::Asked { held } | Phase::Attached { held, .. } = &mut self.phase {
+            *held = 0;
+        }
+    }
+
     /// Takes bytes read from the socket, and the descriptors that came with them: the first one
     /// before the request is the shim's stdin; any other is dropped (closed).
     pub(super) fn received(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
         for fd in fds {
             if let Phase::Open {
                 stdin: stdin @ None,
+                ..
             } = &mut self.phase
             {
                 *stdin = Some(fd);
@@ -107,8 +159,9 @@ impl Session {
         self.decoder.push(bytes);
     }
 
-    /// The next whole frame received, as what the client asks; None until one is whole.
-    pub(super) fn next_input(&mut self) -> Option<Input> {
+    /// The next whole frame received, as what the client asks; None until one is whole. A
+    /// request is parsed only when what it would cost parsed fits in `room` bytes.
+    pub(super) fn next_input(&mut self, room: usize) -> Option<Input> {
         loop {
             let frame = match self.decoder.next_frame() {
                 Ok(Some(f)) => f,
@@ -116,12 +169,24 @@ impl Session {
                 Err(e) => return Some(Input::Broken(e.to_string())),
             };
             match (frame.kind, &mut self.phase) {
-                (Kind::Request, Phase::Open { stdin }) => {
+                (Kind::Request, Phase::Open { stdin, .. }) => {
+                    let cost = parsed_cost(&frame.payload);
+                    if cost > room {
+                        self.phase = Phase::Asked { held: 0 };
+                        return Some(Input::Busy(format!(
+                            "refused for now: this request would take up to {cost} bytes of the init's memory until terraform starts, and {room} are free of what it keeps for the requests of runs waiting to start (TFINIT_MAX_RUNS queues them); try again"
+                        )));
+                    }
                     let stdin = stdin.take();
-                    self.phase = Phase::Asked;
-                    return Some(request(&frame.payload, stdin));
+                    let input = request(&frame.payload, stdin);
+                    let held = match input {
+                        Input::Run { .. } => cost,
+                        _ => 0,
+                    };
+                    self.phase = Phase::Asked { held };
+                    return Some(input);
                 }
-                (Kind::Signal, Phase::Attached(run)) => {
+                (Kind::Signal, Phase::Attached { run, .. }) => {
                     match serde_json::from_slice::<SignalNote>(&frame.payload) {
                         Ok(n) => {
                             return Some(Input::Signal {
@@ -139,22 +204,31 @@ impl Session {
 
     /// Its request started `run`.
     pub(super) fn attach(&mut self, run: RunId) {
-        self.phase = Phase::Attached(run);
+        let held = self.held();
+        self.phase = Phase::Attached { run, held };
     }
 
     /// The run it is attached to, if any.
     pub(super) fn run(&self) -> Option<RunId> {
         match self.phase {
-            Phase::Attached(run) => Some(run),
-            Phase::Open { .. } | Phase::Asked | Phase::Closing => None,
+            Phase::Attached { run, .. } => Some(run),
+            Phase::Open { .. } | Phase::Asked { .. } | Phase::Closing => None,
         }
     }
 
     /// Queues its answer (an exit note or a reply): nothing follows it, and it closes once
-    /// everything is written. It is no longer attached to a run.
+    /// everything is written. It is no longer attached to a run, and nothing more it sends is
+    /// read: what it sent and was not decoded is dropped.
     pub(super) fn answer<T: serde::Serialize>(&mut self, kind: Kind, answer: &T) {
         self.queue_json(kind, answer);
         self.phase = Phase::Closing;
+        self.decoder.clear();
+    }
+
+    /// How much of its request had come when it was due, for the answer: the bytes, and the
+    /// frame's announced length when its header came.
+    pub(super) fn progress(&self) -> (usize, Option<usize>) {
+        (self.decoder.pending(), self.decoder.expected())
     }
 
     /// Whether it closes once everything queued is written.
@@ -190,6 +264,9 @@ impl Session {
     pub(super) fn wrote(&mut self, n: usize) {
         self.sent += n;
         if self.sent == self.out.len() {
+            if self.out.capacity() > KEEP_OUT {
+                self.out = Vec::new();
+            }
             self.out.clear();
             self.sent = 0;
         } else if self.sent >= (64 << 10) && self.sent * 2 >= self.out.len() {
@@ -299,38 +376,42 @@ mod tests {
         })
     }
 
+    fn session() -> Session {
+        Session::new(protocol::MAX_PAYLOAD, Instant::now())
+    }
+
     fn null() -> OwnedFd {
         std::fs::File::open("/dev/null").unwrap().into()
     }
 
     #[test]
     fn a_run_request_comes_with_the_stdin_passed_before_it_and_only_once() {
-        let mut s = Session::default();
+        let mut s = session();
         s.received(&[], vec![null(), null()]);
         s.received(&envelope(run_request("/bin/terraform")), vec![]);
         assert!(matches!(
-            s.next_input(),
+            s.next_input(usize::MAX),
             Some(Input::Run { stdin: Some(_), .. })
         ));
-        assert!(s.next_input().is_none());
+        assert!(s.next_input(usize::MAX).is_none());
         s.received(&envelope(Request::Status), vec![]);
         assert!(
-            matches!(s.next_input(), Some(Input::Broken(p)) if p == "unexpected Request frame"),
+            matches!(s.next_input(usize::MAX), Some(Input::Broken(p)) if p == "unexpected Request frame"),
             "one request per connection"
         );
     }
 
     #[test]
     fn signals_count_only_from_an_attached_shim() {
-        let mut s = Session::default();
+        let mut s = session();
         let note = frame(Kind::Signal, br#"{"signal":15}"#);
         s.received(&note, vec![]);
-        assert!(matches!(s.next_input(), Some(Input::Broken(_))));
+        assert!(matches!(s.next_input(usize::MAX), Some(Input::Broken(_))));
 
-        let mut s = Session::default();
+        let mut s = session();
         s.received(&envelope(run_request("/bin/terraform")), vec![]);
         assert!(matches!(
-            s.next_input(),
+            s.next_input(usize::MAX),
             Some(Input::Run { stdin: None, .. })
         ));
         s.attach(RunId::from(3));
@@ -338,7 +419,7 @@ mod tests {
         s.received(&frame(Kind::Signal, b"not json"), vec![]);
         s.received(&note, vec![]);
         assert!(
-            matches!(s.next_input(), Some(Input::Signal { run, signo: 15 }) if run == RunId::from(3)),
+            matches!(s.next_input(usize::MAX), Some(Input::Signal { run, signo: 15 }) if run == RunId::from(3)),
             "a malformed note is skipped"
         );
     }
@@ -346,9 +427,9 @@ mod tests {
     #[test]
     fn bad_requests_say_what_is_wrong() {
         let broken = |bytes: Vec<u8>| {
-            let mut s = Session::default();
+            let mut s = session();
             s.received(&bytes, vec![]);
-            match s.next_input() {
+            match s.next_input(usize::MAX) {
                 Some(Input::Broken(p)) => p,
                 other => panic!("{other:?}"),
             }
@@ -362,7 +443,7 @@ mod tests {
     #[test]
     fn a_cancel_names_a_run_id_or_an_absolute_directory() {
         let cancel = |run: Option<&str>, workdir: Option<&str>, force: bool| {
-            let mut s = Session::default();
+            let mut s = session();
             s.received(
                 &envelope(Request::Cancel(CancelRequest {
                     run: run.map(String::from),
@@ -372,7 +453,7 @@ mod tests {
                 })),
                 vec![],
             );
-            s.next_input()
+            s.next_input(usize::MAX)
         };
         assert!(matches!(
             cancel(Some("r7"), None, true),
@@ -401,11 +482,61 @@ mod tests {
     }
 
     #[test]
+    fn a_request_is_parsed_only_when_its_cost_fits_and_a_run_holds_it_until_launched() {
+        let bytes = envelope(run_request("/bin/terraform"));
+        let cost = parsed_cost(&bytes[protocol::HEADER..]);
+        // One byte short: refused for now, unparsed, and holding nothing.
+        let mut s = session();
+        s.received(&bytes, vec![]);
+        match s.next_input(cost - 1) {
+            Some(Input::Busy(p)) => assert!(p.contains("try again"), "{p}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((s.held(), s.unfinished()), (0, 0));
+        // Room enough: parsed, and held until terraform starts.
+        let mut s = session();
+        s.received(&bytes, vec![]);
+        assert!(matches!(s.next_input(cost), Some(Input::Run { .. })));
+        assert_eq!(s.held(), cost);
+        s.attach(RunId::from(1));
+        assert_eq!(s.held(), cost, "still held while the run waits");
+        s.launched();
+        assert_eq!(s.held(), 0);
+        // A control request holds nothing once answered.
+        let mut s = session();
+        s.received(&envelope(Request::Status), vec![]);
+        assert!(matches!(s.next_input(usize::MAX), Some(Input::Control(_))));
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn an_unfinished_request_has_a_deadline_and_the_answer_frees_its_bytes() {
+        let at = Instant::now();
+        let mut s = Session::new(protocol::MAX_PAYLOAD, at);
+        assert_eq!(s.deadline(), Some(at));
+        let bytes = envelope(Request::Status);
+        s.received(&bytes[..bytes.len() - 1], vec![]);
+        assert!(s.next_input(usize::MAX).is_none());
+        assert_eq!(s.unfinished(), bytes.len() - 1);
+        assert_eq!(
+            s.progress(),
+            (bytes.len() - 1, Some(bytes.len() - protocol::HEADER))
+        );
+        s.answer(Kind::Exit, &ExitNote::default());
+        assert_eq!((s.unfinished(), s.deadline()), (0, None));
+        // Once the request came whole, no deadline is left.
+        let mut s = Session::new(protocol::MAX_PAYLOAD, at);
+        s.received(&bytes, vec![]);
+        assert!(s.next_input(usize::MAX).is_some());
+        assert_eq!(s.deadline(), None);
+    }
+
+    #[test]
     fn controls_are_answered_and_the_answer_closes() {
-        let mut s = Session::default();
+        let mut s = session();
         s.received(&envelope(Request::Drain), vec![]);
         assert!(matches!(
-            s.next_input(),
+            s.next_input(usize::MAX),
             Some(Input::Control(Control::Drain))
         ));
         assert!(!s.closing());

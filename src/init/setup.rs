@@ -35,6 +35,18 @@ pub fn signals() -> io::Result<SignalFd> {
         .map_err(io::Error::from)
 }
 
+/// Large buffers (a client's request, a shim's queued output) go back to the kernel when freed:
+/// the init's memory after a burst of clients returns to its idle size rather than staying at
+/// the peak (bounds.rs bounds the peak).
+pub fn memory() {
+    if !sys::return_large_buffers(LARGE_BUFFER) {
+        tracing::debug!("mallopt(M_MMAP_THRESHOLD) refused; freed large buffers may stay resident");
+    }
+}
+
+/// The size from which a buffer is a mapping of its own (glibc's default before it adjusts it).
+const LARGE_BUFFER: usize = 128 << 10;
+
 /// Makes sure orphans come to us: as PID 1 they do; otherwise register as child subreaper.
 pub fn reaping_mode() -> Mode {
     if getpid().as_raw() == 1 {

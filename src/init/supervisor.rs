@@ -18,6 +18,7 @@ use nix::sys::signalfd::SignalFd;
 use nix::unistd::Pid;
 
 use super::action::Action;
+use super::bounds;
 use super::conns::{After, Conns, Read};
 use super::forward::forward_target;
 use super::reaper::{self, Exit};
@@ -37,6 +38,7 @@ use crate::metrics::Metrics;
 use crate::protocol::{self, Kind, Reply};
 use crate::signals::{self, Incoming};
 use crate::sys::{self, SigNo, Target};
+use crate::throttle::Throttle;
 
 /// What a forward did: the signal after rewrite, and where it went with kill(2)'s result (none
 /// when there was no one to send it to).
@@ -67,6 +69,34 @@ pub(super) struct Init {
     scratch: Vec<u8>,
     /// What the metrics count (atomics the scraper reads).
     metrics: Arc<Metrics>,
+    /// The loop's own warnings that can repeat, each kind rate-limited.
+    warn: LoopWarnings,
+}
+
+/// The loop's own warnings that can repeat as fast as the loop turns or signals come (a
+/// syscall failing for good, a signal that cannot be forwarded, pipes that cannot be read): each
+/// kind passes a few lines a minute, so that nothing floods the log.
+#[derive(Debug)]
+struct LoopWarnings {
+    /// epoll_wait(2) failed.
+    wait: Throttle,
+    /// Reading the signalfd failed.
+    signals: Throttle,
+    /// A signal could not be forwarded.
+    forward: Throttle,
+    /// terraform's output could not be watched or read.
+    output: Throttle,
+}
+
+impl Default for LoopWarnings {
+    fn default() -> Self {
+        LoopWarnings {
+            wait: Throttle::per_minute(),
+            signals: Throttle::per_minute(),
+            forward: Throttle::per_minute(),
+            output: Throttle::per_minute(),
+        }
+    }
 }
 
 impl Init {
@@ -96,11 +126,20 @@ impl Init {
                 None
             }
         };
+        // A request is at most what exec(2) takes for terraform's arguments and environment,
+        // computed from the stack limit terraform inherits from us.
+        let frame_limit = protocol::request_limit(protocol::arg_max(sys::stack_limit()));
+        tracing::debug!(
+            frame_limit,
+            memory_bound = bounds::memory_bound(frame_limit),
+            max_connections = bounds::MAX_CONNECTIONS,
+            "the control socket's bounds (docs/protocol.md, Limits)"
+        );
         Ok(Init {
             timeline: Timeline::new(cfg.grace_period, cfg.stop_timeout, cfg.kill_margin),
             runs: Runs::new(cfg.record_timeout, cfg.stop_timeout, cfg.max_runs),
             children: Children::new(main_pid),
-            conns: Conns::new(listener),
+            conns: Conns::new(listener, frame_limit, Arc::clone(&metrics)),
             cfg,
             mode,
             epoll,
@@ -109,6 +148,7 @@ impl Init {
             reports,
             scratch: vec![0u8; protocol::MAX_DATA],
             metrics,
+            warn: LoopWarnings::default(),
         })
     }
 
@@ -123,6 +163,14 @@ impl Init {
             self.metrics.set_heartbeat(beat);
         }
         self.metrics.set_phase(self.timeline.phase().as_str());
+        self.metrics.set_control_connections(self.conns.len());
+    }
+
+    /// epoll_wait(2) failed with `e` (never expected): said a few times a minute at most.
+    pub(super) fn wait_failed(&mut self, e: Errno) {
+        if let Some(held_back) = self.warn.wait.allow(Instant::now()) {
+            tracing::warn!(error = %e, held_back, "epoll_wait failed; retrying");
+        }
     }
 
     /// Waits for events until `timeout`.
@@ -197,6 +245,10 @@ impl Init {
             return;
         };
         let started = spawn::terraform(request, stdin, self.records.incarnation_lock());
+        // Its request is no longer held (it was dropped with the spawn): room for another.
+        if let Some(conn) = self.runs.conn(run) {
+            self.conns.launched(conn);
+        }
         let now = Instant::now();
         let more = self.runs.spawned(run, started, &mut self.records, now);
         self.apply(more);
@@ -234,7 +286,9 @@ impl Init {
                 Ok(None) => return,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the signalfd failed");
+                    if let Some(held_back) = self.warn.signals.allow(Instant::now()) {
+                        tracing::warn!(error = %e, held_back, "reading the signalfd failed");
+                    }
                     return;
                 }
             }
@@ -290,7 +344,7 @@ impl Init {
     }
 
     /// Logs what [`Self::forward_now`] did with `signo`.
-    fn log_forward(&self, signo: SigNo, (to, sent_to): Forwarded) {
+    fn log_forward(&mut self, signo: SigNo, (to, sent_to): Forwarded) {
         let Some((target, sent)) = sent_to else {
             tracing::debug!(signal = %signals::name(to), "controller gone; signal not forwarded");
             return;
@@ -309,7 +363,9 @@ impl Init {
                 tracing::debug!(signal = %signals::name(to), %target, "nothing to forward to")
             }
             Err(e) => {
-                tracing::warn!(signal = %signals::name(to), %target, error = %e, "forwarding failed")
+                if let Some(held_back) = self.warn.forward.allow(Instant::now()) {
+                    tracing::warn!(signal = %signals::name(to), %target, error = %e, held_back, "forwarding failed")
+                }
             }
         }
     }
@@ -526,18 +582,24 @@ impl Init {
         if !flags.intersects(readable) {
             return;
         }
-        let mut buf = [0u8; 16 << 10];
+        let mut buf = [0u8; bounds::READ_CHUNK];
         // Bounded per event: a peer streaming garbage cannot hold the loop.
-        for _ in 0..64 {
+        for _ in 0..bounds::READ_PER_EVENT / bounds::READ_CHUNK {
             match self.conns.read(id, &self.epoll, &mut buf) {
                 Read::Data => {
                     if !self.take_inputs(id) {
                         return;
                     }
                 }
-                Read::Done(after) => return self.after_conn(after),
+                Read::Done(after) => {
+                    self.after_conn(after);
+                    break;
+                }
             }
         }
+        // What it has not finished sending must fit in what the init gives unfinished requests.
+        let after = self.conns.after_reads(id, &self.epoll);
+        self.after_conn(after);
     }
 
     /// Handles every whole request or note the client sent; false when it must not be read on.
@@ -563,6 +625,11 @@ impl Init {
                 }
                 Input::Broken(problem) => {
                     let after = self.conns.broken(id, &self.epoll, &problem);
+                    self.after_conn(after);
+                    return false;
+                }
+                Input::Busy(problem) => {
+                    let after = self.conns.no_room(id, &self.epoll, &problem);
                     self.after_conn(after);
                     return false;
                 }
@@ -674,7 +741,9 @@ impl Init {
             if let Some(fd) = self.runs.pipe(id, stream) {
                 let ev = EpollEvent::new(EpollFlags::EPOLLIN, token::output(id, stream));
                 if let Err(e) = self.epoll.add(fd, ev) {
-                    tracing::warn!(run = %id, error = %e, "cannot watch terraform's output");
+                    if let Some(held_back) = self.warn.output.allow(Instant::now()) {
+                        tracing::warn!(run = %id, error = %e, held_back, "cannot watch terraform's output");
+                    }
                 }
             }
         }
@@ -708,7 +777,9 @@ impl Init {
                 return;
             }
             let attached = self.runs.conn(id).filter(|c| self.conns.contains(*c));
-            if let Some(c) = attached.filter(|c| self.conns.is_full(*c)) {
+            // Output waiting for shims is bounded (bounds.rs): how much may be read now.
+            let room = attached.map_or(protocol::MAX_DATA, |c| self.conns.room(c));
+            if let (Some(c), 0) = (attached, room) {
                 self.pause(id);
                 // Write what the socket takes now, and watch it for room (EPOLLOUT): that is
                 // what resumes the run. Without this a run could stay paused forever.
@@ -718,7 +789,7 @@ impl Init {
             let Some(fd) = self.runs.pipe(id, stream) else {
                 return;
             };
-            match nix::unistd::read(fd, &mut self.scratch) {
+            match nix::unistd::read(fd, &mut self.scratch[..room]) {
                 Ok(0) => {
                     if attached.is_none() {
                         self.runs.flush_detached(id, stream);
@@ -729,7 +800,9 @@ impl Init {
                 Err(Errno::EAGAIN) => break,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
-                    tracing::warn!(run = %id, stream = stream.as_str(), error = %e, "reading terraform's output failed; closing it");
+                    if let Some(held_back) = self.warn.output.allow(Instant::now()) {
+                        tracing::warn!(run = %id, stream = stream.as_str(), error = %e, held_back, "reading terraform's output failed; closing it");
+                    }
                     return self.close_pipe(id, stream);
                 }
             }
@@ -817,6 +890,7 @@ impl Init {
             self.timeline.next_wakeup(),
             self.records.next_wakeup(),
             self.runs.next_wakeup(),
+            self.conns.next_wakeup(),
         ]
         .into_iter()
         .flatten()
@@ -835,9 +909,11 @@ impl Init {
     }
 
     /// Acts on every timer that is due at `now`: the timeline's steps, the records' (the
-    /// heartbeat, records that do not land in time), and the runs' (waits for the store,
-    /// abandoned runs' SIGKILL, the linger of pipes after terraform exited).
+    /// heartbeat, records that do not land in time), the runs' (waits for the store,
+    /// abandoned runs' SIGKILL, the linger of pipes after terraform exited), and the clients'
+    /// (requests not whole in time, accepting again after accept(2) failed).
     pub(super) fn on_timers(&mut self, now: Instant) {
+        self.conns.tick(now, &self.epoll);
         while let Some(t) = self.timeline.due(now) {
             self.transition(t);
         }

@@ -264,6 +264,11 @@ struct NameLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BackendLabels {
+    backend: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PhaseLabels {
     phase: &'static str,
 }
@@ -411,6 +416,7 @@ pub struct Metrics {
     zombies: Counter,
     signals: Family<SignalLabels, Counter>,
     force_unlocks: Family<UnlockLabels, Counter>,
+    unknown_wordings: Family<BackendLabels, Counter>,
     needing_person: Gauge,
     orphan_candidates: Counter,
     store_state: Family<NameLabels, Gauge>,
@@ -465,6 +471,7 @@ impl Metrics {
         let zombies = Counter::default();
         let signals = Family::<SignalLabels, Counter>::default();
         let force_unlocks = Family::<UnlockLabels, Counter>::default();
+        let unknown_wordings = Family::<BackendLabels, Counter>::default();
         let needing_person = Gauge::default();
         let orphan_candidates = Counter::default();
         let store_state = Family::<NameLabels, Gauge>::default();
@@ -529,6 +536,11 @@ impl Metrics {
             force_unlocks.clone(),
         );
         registry.register(
+            "lock_probe_unknown_wording",
+            "Lock probes whose answer terraform gave in a wording this tfinit does not know (it cannot tell whether the lock is free, so the record stays), by the working directory's backend",
+            unknown_wordings.clone(),
+        );
+        registry.register(
             "recoveries_needing_a_person",
             "Records whose lock no terraform command can release (its state is missing): a person must run the command the log gives",
             needing_person.clone(),
@@ -578,6 +590,7 @@ impl Metrics {
             zombies,
             signals,
             force_unlocks,
+            unknown_wordings,
             needing_person,
             orphan_candidates,
             store_state,
@@ -651,6 +664,18 @@ impl Metrics {
         if matches!(outcome, "unlocked" | "free" | "nothing_to_release") {
             self.orphan_candidates.inc_by(orphans);
         }
+    }
+
+    /// A lock probe on `backend` answered in a wording tfinit does not know.
+    pub fn unknown_wording(&self, backend: &str) {
+        let backend = BACKENDS
+            .iter()
+            .find(|b| **b == backend)
+            .copied()
+            .unwrap_or("other");
+        self.unknown_wordings
+            .get_or_create(&BackendLabels { backend })
+            .inc();
     }
 
     /// Records that wait for a person now.
@@ -753,6 +778,9 @@ mod tests {
         m.recovered("s3", "unlocked", 2);
         m.recovered("etcdv3", "ambiguous", 5);
         m.recovered("s3", "no_such_outcome", 1);
+        m.unknown_wording("s3");
+        m.unknown_wording("s3");
+        m.unknown_wording("etcdv3");
         m.set_needing_person(1);
         m.set_runs([0, 1, 2, 3, 4]);
         m.set_store_state("open");
@@ -817,6 +845,20 @@ mod tests {
             ),
             Some(1.0),
             "an unknown backend counts as other"
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_lock_probe_unknown_wording_total{backend=\"s3\"}"
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                "tfinit_lock_probe_unknown_wording_total{backend=\"other\"}"
+            ),
+            Some(1.0)
         );
         assert_eq!(
             value(&t, "tfinit_orphan_candidates_total"),

@@ -347,6 +347,7 @@ fn needs_attention(outcome: &Outcome) -> bool {
     matches!(
         outcome,
         Outcome::Unknown(_)
+            | Outcome::UnknownWording(_)
             | Outcome::UnlockFailed(_)
             | Outcome::NeedsPerson(..)
             | Outcome::WaitingForPerson
@@ -408,6 +409,9 @@ fn outcome_text(rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
             i.id, i.who
         ),
         Outcome::Unknown(m) => format!("could not read the lock: {m}; record kept"),
+        Outcome::UnknownWording(m) => format!(
+            "terraform answered the lock probe in a wording this tfinit does not know ({m}): cannot tell whether the lock is free; record kept. Upgrade tfinit, or report the wording with your terraform version"
+        ),
         Outcome::UnlockFailed(m) => format!("force-unlock failed: {m}; record kept"),
         Outcome::NeedsPerson(i, command) => format!(
             "NEEDS A PERSON: lock {} (Who {}, Operation {}) is the dead run's, but workspace {} has no state, so terraform cannot release it. Run: {command} ; then `tfinit recover` again. Restore the state or import the workspace's resources before the next apply creates them again; record kept",
@@ -462,7 +466,10 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
     let bad = results.iter().any(|(_, _, o)| {
         matches!(
             o,
-            Outcome::Unknown(_) | Outcome::UnlockFailed(_) | Outcome::NeedsPerson(..)
+            Outcome::Unknown(_)
+                | Outcome::UnknownWording(_)
+                | Outcome::UnlockFailed(_)
+                | Outcome::NeedsPerson(..)
         )
     });
     if bad {
@@ -486,10 +493,12 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
         return;
     };
     let mut pipe = std::fs::File::from(pipe);
-    for (_, rec, outcome) in results {
+    for (path, rec, outcome) in results {
         let Some(label) = outcome.label() else {
             continue;
         };
+        // Cut so the line stays one write(2) below PIPE_BUF (paths may be long).
+        let cut = |s: &str| s.chars().take(1000).collect::<String>();
         let report = recover::HelperReport {
             backend: recover::backend_type(std::path::Path::new(&rec.workdir))
                 .unwrap_or_else(|| "other".into()),
@@ -499,6 +508,14 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
                 .iter()
                 .filter(|r| !r.starts_with(crate::locks::record::OMITTED_MARK))
                 .count() as u64,
+            unknown_wording: match outcome {
+                Outcome::UnknownWording(said) => Some(recover::UnknownWording {
+                    record: cut(&path.display().to_string()),
+                    workdir: cut(&rec.workdir),
+                    said: said.clone(),
+                }),
+                _ => None,
+            },
         };
         let Ok(mut line) = serde_json::to_vec(&report) else {
             continue;

@@ -4,6 +4,7 @@
 //! wait; a line comes in one write(2) shorter than PIPE_BUF, so helpers running at once never
 //! interleave theirs. Unit-tested without processes: [`Reports::feed`] takes bytes.
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -16,6 +17,10 @@ use crate::locks::recover::HelperReport;
 /// anything longer is not one of its lines and is dropped.
 const MAX_LINE: usize = 4096;
 
+/// How many records whose probe answered in an unknown wording are remembered as said. Beyond it
+/// the memory starts again: a record may be said twice, never not at all.
+const MAX_SAID: usize = 1024;
+
 /// The report pipe and the part of a line read so far.
 #[derive(Debug)]
 pub(super) struct Reports {
@@ -25,6 +30,8 @@ pub(super) struct Reports {
     write: OwnedFd,
     /// Bytes after the last newline.
     partial: Vec<u8>,
+    /// The records whose unknown probe wording the init has said (each is said once).
+    said: HashSet<String>,
 }
 
 impl Reports {
@@ -38,6 +45,7 @@ impl Reports {
             read,
             write,
             partial: Vec::new(),
+            said: HashSet::new(),
         })
     }
 
@@ -64,6 +72,14 @@ impl Reports {
             }
         }
         out
+    }
+
+    /// Whether `record`'s unknown probe wording is to be said now: the first time it is reported.
+    pub(super) fn first_time_unknown(&mut self, record: &str) -> bool {
+        if self.said.len() >= MAX_SAID && !self.said.contains(record) {
+            self.said.clear();
+        }
+        self.said.insert(record.to_string())
     }
 
     /// Takes `bytes` in; returns the reports of the lines they complete. A line that does not
@@ -96,6 +112,7 @@ mod tests {
             backend: "s3".into(),
             outcome: outcome.into(),
             orphans: 2,
+            unknown_wording: None,
         }
     }
 
@@ -125,6 +142,41 @@ mod tests {
         assert_eq!(
             r.feed(format!("\n{good}\n").as_bytes()),
             vec![report("ambiguous")]
+        );
+    }
+
+    #[test]
+    fn an_unknown_wording_is_said_once_per_record_and_its_report_reads_back() {
+        let mut r = Reports::new().unwrap();
+        let mut odd = report("unknown");
+        odd.unknown_wording = Some(crate::locks::recover::UnknownWording {
+            record: "/state/records/a.json".into(),
+            workdir: "/work".into(),
+            said: "Failed to unlock state: something new".into(),
+        });
+        let line = format!("{}\n", serde_json::to_string(&odd).unwrap());
+        assert_eq!(r.feed(line.as_bytes()), vec![odd]);
+        assert!(line.contains("\"unknown_wording\""), "{line}");
+        let plain = serde_json::to_string(&report("free")).unwrap();
+        assert!(
+            !plain.contains("unknown_wording"),
+            "left out when unset: {plain}"
+        );
+        // An older helper's line (no such field) still reads.
+        assert_eq!(
+            r.feed(b"{\"backend\":\"s3\",\"outcome\":\"free\",\"orphans\":2}\n"),
+            vec![report("free")]
+        );
+        assert!(r.first_time_unknown("/state/records/a.json"));
+        assert!(!r.first_time_unknown("/state/records/a.json"));
+        assert!(r.first_time_unknown("/state/records/b.json"));
+        for i in 0..MAX_SAID {
+            r.first_time_unknown(&format!("/r/{i}"));
+        }
+        assert!(
+            r.said.len() <= MAX_SAID,
+            "the memory is bounded: {}",
+            r.said.len()
         );
     }
 

@@ -875,6 +875,18 @@ impl Init {
         };
         for r in reports.take(&mut self.scratch) {
             self.metrics.recovered(&r.backend, &r.outcome, r.orphans);
+            let Some(w) = &r.unknown_wording else {
+                continue;
+            };
+            self.metrics.unknown_wording(&r.backend);
+            // Its helper runs before every run in that directory: once per record is enough.
+            if reports.first_time_unknown(&w.record) {
+                tracing::warn!(
+                    record = %w.record, workdir = %w.workdir, backend = %r.backend, probe = %w.said,
+                    "terraform answered the lock probe for the record {} in a wording this tfinit does not know, so it cannot tell whether the lock is free: the record is kept, and every run in {} probes again first (said once per record; tfinit_lock_probe_unknown_wording_total counts each probe). Upgrade tfinit, or report the wording with your terraform version: {}",
+                    w.record, w.workdir, w.said
+                );
+            }
         }
     }
 

@@ -75,6 +75,9 @@ pub enum Outcome {
     Ambiguous(LockInfo, String),
     /// The probe could not tell: nothing touched, record kept.
     Unknown(String),
+    /// The probe's answer is in a wording tfinit does not know (lockinfo::Probe::Unknown): as
+    /// [`Outcome::Unknown`], and the init says it once per record and counts it.
+    UnknownWording(String),
     /// The unlock itself failed: record kept.
     UnlockFailed(String),
     /// The dead run holds the lock but terraform cannot load the state (it is missing), so no
@@ -97,7 +100,7 @@ impl Outcome {
             Outcome::Unlocked(_) => "unlocked",
             Outcome::HeldByOther(..) => "held_by_other",
             Outcome::Ambiguous(..) => "ambiguous",
-            Outcome::Unknown(_) => "unknown",
+            Outcome::Unknown(_) | Outcome::UnknownWording(_) => "unknown",
             Outcome::UnlockFailed(_) => "unlock_failed",
             Outcome::NeedsPerson(..) => "needs_person",
             Outcome::WaitingForPerson => return None,
@@ -115,6 +118,21 @@ pub struct HelperReport {
     pub outcome: String,
     /// Resources the dead run had in progress (orphan candidates).
     pub orphans: u64,
+    /// Set when the probe answered in a wording tfinit does not know ([`Outcome::UnknownWording`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_wording: Option<UnknownWording>,
+}
+
+/// A probe's answer in a wording tfinit does not know, and the record it was about: what the init
+/// says once per record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnknownWording {
+    /// The record's file.
+    pub record: String,
+    /// The record's working directory.
+    pub workdir: String,
+    /// The answer's first line.
+    pub said: String,
 }
 
 /// The variable that names the helper's report pipe (a descriptor number it inherited).
@@ -304,6 +322,10 @@ impl Report<'_> {
             Outcome::Unknown(msg) => warn_record!(
                 self, probe = %msg,
                 "{base}: could not read the state lock; nothing touched, will try again before the next run"
+            ),
+            Outcome::UnknownWording(msg) => warn_record!(
+                self, probe = %msg,
+                "{base}: terraform answered the lock probe in a wording this tfinit does not know, so it cannot tell whether the lock is free; nothing touched, record kept. Upgrade tfinit, or report the wording with your terraform version"
             ),
             Outcome::UnlockFailed(msg) => warn_record!(
                 self, error = %msg,
@@ -616,6 +638,8 @@ impl Recovery {
             Outcome::NothingToRelease(b) if quiet => r.released(Some(b)),
             Outcome::NeedsPerson(i, command) => r.needs_person(i, command),
             Outcome::OwnerAlive | Outcome::WaitingForPerson => {}
+            // The init says it, once per record (its helper runs before every run here).
+            Outcome::UnknownWording(_) if self.automatic => {}
             _ => r.untouched(outcome),
         }
     }
@@ -644,7 +668,8 @@ impl Recovery {
         };
         let (info, state_missing) = match probe {
             Probe::Free => return Outcome::Free,
-            Probe::Unknown(m) => return Outcome::Unknown(m),
+            Probe::Unreadable(m) => return Outcome::Unknown(m),
+            Probe::Unknown(m) => return Outcome::UnknownWording(m),
             Probe::Held(info) => (info, false),
             Probe::HeldStateMissing(info) => (info, true),
         };

@@ -3,31 +3,34 @@
 //!
 //! Stuck state locks and their safe release, end to end against a real remote backend: terraform
 //! 1.0.3 with the s3 backend on moto (S3 + a DynamoDB lock table, one server per test, stopped
-//! when the test ends, also on failure). Pods are PID namespaces with their own hostname and a
+//! when the test ends, also on failure); the first three also on the modern terraform
+//! (`each_terraform!`, tests/common/terraform.rs), one process where 1.0.3 has two. Pods are PID namespaces with their own hostname and a
 //! shared TFINIT_STATE_DIR; "the pod dies" is SIGKILL of its PID 1, so everything in it dies at
 //! once, as on a node loss. Controllers are small sh loops that retry `terraform apply` like a
 //! provider's reconcile loop.
 //!
 //! Facts these tests rely on are in docs/notes/terraform-facts.md; the rules in docs/records.md.
 
+#[macro_use]
 mod common;
 #[path = "common/s3_pods.rs"]
 mod s3_pods;
 
 use common::pods::{
-    self, apply_until_success, attempts, heartbeat_ms, now_ms, text, walk, wrapped_terraform, Pod,
-    PodSpec, RETRY, STEP,
+    self, apply_until_success, attempts, heartbeat_ms, lock_holding_terraform, now_ms, text, walk,
+    Pod, PodSpec, RETRY, STEP,
 };
 use common::wait_for;
 use s3_pods::*;
 use serde_json::json;
 
-#[test]
-fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itself() {
+each_terraform!(a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itself);
+
+fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itself(tf: &Terraform) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-kill");
+    let w = S3World::with("lock-kill", tf, S3Lock::Table);
     let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), false);
 
     // The record names the run exactly as terraform's lock will, and holds no secret.
@@ -56,12 +59,10 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     let kill_ms = now_ms();
     pod_a.kill();
 
-    // The lock is stuck, held by exactly the Who the record predicted.
-    let lock = w
-        .moto
-        .lock(STATE)
-        .expect("the lock is stuck after the pod died");
+    // The lock is stuck, held by exactly the Who the record predicted, by this terraform.
+    let lock = w.held().expect("the lock is stuck after the pod died");
     assert_eq!(lock["Who"], rec["who"]);
+    assert_eq!(lock["Version"], tf.version());
     let stuck = w.terraform(&["plan", "-input=false", "-no-color", "-lock-timeout=0s"]);
     assert!(
         text(&stuck).contains("Error acquiring the state lock"),
@@ -167,17 +168,23 @@ fn a_pod_killed_mid_apply_leaves_a_stuck_lock_that_the_next_pod_releases_by_itse
     w.assert_state_consistent();
 }
 
-#[test]
-fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_candidates() {
+each_terraform!(
+    a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_candidates
+);
+
+fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_candidates(
+    tf: &Terraform,
+) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-orphans");
+    let w = S3World::with("lock-orphans", tf, S3Lock::Table);
     // -json output this time: the record follows its apply_start / apply_complete lines.
     let (mut pod_a, rec) = pod_a_mid_apply(&w, "pod-a", Some(NOBODY_UID), true);
     assert_eq!(rec["in_progress"], json!(["null_resource.a"]));
     pod_a.kill();
-    let lock = w.moto.lock(STATE).expect("stuck");
+    let lock = w.held().expect("stuck");
+    assert_eq!(lock["Version"], tf.version());
 
     // The same pod name again (a container restart, a StatefulSet pod replaced): its earlier
     // incarnation is dead without waiting for the TTL.
@@ -224,14 +231,18 @@ fn a_restarted_pod_releases_its_predecessors_lock_at_once_and_logs_the_orphan_ca
     w.assert_state_consistent();
 }
 
-#[test]
-fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_run() {
+each_terraform!(a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_run);
+
+fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_run(
+    tf: &Terraform,
+) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-oom");
-    // The OOM killer picks terraform's wrapped child (the process that holds the lock); the
-    // panicwrap parent then exits 255, the pod lives on and its controller retries.
+    let w = S3World::with("lock-oom", tf, S3Lock::Table);
+    // The OOM killer picks the terraform process that holds the lock: 1.0.3's wrapped child (the
+    // panicwrap parent then exits 255), or a modern terraform's one process (the shell sees 137).
+    // The pod lives on and its controller retries.
     let out = w.tmp.join("pod-a.out");
     let script = format!(
         "TF_VAR_sleep=30 terraform apply -auto-approve -input=false -no-color > {o}.1 2>&1; echo \"first $?\" >> {o}; \
@@ -248,21 +259,26 @@ fn a_terraform_killed_inside_a_live_pod_has_its_lock_released_by_that_pods_next_
         },
     );
     w.wait_in_progress("the run", &["null_resource.a"]);
-    let lock = wait_for(STEP, "the lock", || w.moto.lock(STATE));
-    let child = wrapped_terraform(&w.ws).expect("terraform's wrapped child");
-    nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let lock = wait_for(STEP, "the lock", || w.held());
+    let holder = lock_holding_terraform(&w.ws, tf.path()).expect("the terraform holding the lock");
+    nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL).unwrap();
     pod.wait();
     let log = pod.log();
+    let (code, how) = if tf.panicwrap() {
+        (255, "exit code 255")
+    } else {
+        (137, "killed by SIGKILL")
+    };
     assert_eq!(
         common::read(&out),
-        "first 255\nsecond 0\n",
-        "the killed run exits 255, the very next one succeeds: {log}"
+        format!("first {code}\nsecond 0\n"),
+        "the killed run exits {code}, the very next one succeeds: {log}"
     );
     assert!(
         log.contains("terraform ended without releasing its state lock for sure"),
         "{log}"
     );
-    assert!(log.contains("exit code 255"), "{log}");
+    assert!(log.contains(how), "{log}");
     assert!(
         log.contains(&format!(
             "force-unlocked its state lock {}",

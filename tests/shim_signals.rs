@@ -26,7 +26,7 @@ use nix::sys::signal::Signal;
 use common::shim::*;
 use common::wait_for;
 
-both_shapes!(sigterm_and_sigint_to_the_shim_interrupt_the_apply_once_never_twice);
+all_shapes!(sigterm_and_sigint_to_the_shim_interrupt_the_apply_once_never_twice);
 
 fn sigterm_and_sigint_to_the_shim_interrupt_the_apply_once_never_twice(shape: Shape) {
     let Some(SlowApply {

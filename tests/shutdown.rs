@@ -9,7 +9,9 @@
 //! Times are read from the init's JSON log (its timestamps), never measured with sleeps. Bounds
 //! are generous: "not before its time" allows [`SLACK`], "right after" allows [`PROMPT`] (the
 //! linger of leftover pipes is 2 s, so a run's leftovers holding the init would fail it).
-//! Real-terraform tests run in both shapes: panicwrap (default) and one process (TF_FORK=0).
+//! Real-terraform tests run in both shapes of terraform 1.0.3: panicwrap (default) and one process
+//! (TF_FORK=0); the graceful-stop ones (`all_shapes!`) also on the modern terraform
+//! (tests/common/terraform.rs), one process as users run it today.
 //! From the inside we check what must not happen: terraform never sees a second interrupt, the
 //! controller's group signal never reaches it, and the provider plugin never gets SIGTERM/SIGINT.
 
@@ -40,7 +42,7 @@ fn start_real(work: &Workdir, shape: Shape, budget: Budget, sleep: u32) -> SlowI
         &work.tmp,
         Spec {
             cwd: &work.dir,
-            terraform_dir: slow::terraform().parent().unwrap().to_path_buf(),
+            terraform_dir: work.terraform_dir.clone(),
             shape,
             budget,
             env: vec![],
@@ -249,10 +251,9 @@ both_shapes!(
 fn sigterm_with_too_little_grace_stops_the_apply_gracefully_at_deadline_minus_stop_timeout(
     shape: Shape,
 ) {
-    if !slow::have_terraform() {
+    let Some(work) = Workdir::for_shape("grace-short", shape) else {
         return;
-    }
-    let work = Workdir::new("grace-short");
+    };
     let budget = Budget {
         grace: 8.0,
         stop: 5.0,
@@ -304,7 +305,7 @@ fn sigterm_with_too_little_grace_stops_the_apply_gracefully_at_deadline_minus_st
     work.assert_provider_never_signalled();
     assert_logged_with_context(&ev, &work.dir);
 }
-both_shapes!(
+all_shapes!(
     sigterm_with_too_little_grace_stops_the_apply_gracefully_at_deadline_minus_stop_timeout
 );
 
@@ -363,10 +364,9 @@ fn a_run_that_ignores_sigterm_is_sigkilled_at_deadline_minus_margin_and_the_init
 /// A second SIGTERM skips to the graceful step at once: the run gets its one SIGTERM right then,
 /// not at deadline - stop timeout; terraform stops cleanly (one interrupt, no lock left).
 fn a_second_sigterm_sends_the_graceful_stop_at_once(shape: Shape) {
-    if !slow::have_terraform() {
+    let Some(work) = Workdir::for_shape("second-signal", shape) else {
         return;
-    }
-    let work = Workdir::new("second-signal");
+    };
     let budget = Budget {
         grace: 60.0,
         stop: 10.0,
@@ -413,7 +413,7 @@ fn a_second_sigterm_sends_the_graceful_stop_at_once(shape: Shape) {
     assert!(gone.ts - ev.one("terraform exited").ts < PROMPT);
     work.assert_provider_never_signalled();
 }
-both_shapes!(a_second_sigterm_sends_the_graceful_stop_at_once);
+all_shapes!(a_second_sigterm_sends_the_graceful_stop_at_once);
 
 /// A third stop signal (SIGINT here) skips to the kill step at once: a run that ignored its one
 /// SIGTERM is SIGKILLed right then, and the init exits long before the deadline.

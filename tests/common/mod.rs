@@ -24,33 +24,62 @@ macro_rules! both_shapes {
     };
 }
 
+/// [`both_shapes!`] plus `name::modern_terraform`: the scenario on the modern terraform too
+/// ([`Shape::Modern`]; one SKIP line per test binary without one). For the named subset that runs
+/// on both versions within the suite's time.
+#[allow(unused_macros)]
+macro_rules! all_shapes {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn panicwrap() {
+                super::$name(super::Shape::Panicwrap)
+            }
+            #[test]
+            fn single_process_tf_fork_0() {
+                super::$name(super::Shape::SingleProcess)
+            }
+            #[test]
+            fn modern_terraform() {
+                super::$name(super::Shape::Modern)
+            }
+        }
+    };
+}
+
 pub mod cgroup;
 pub mod fuse;
 pub mod launch;
 pub mod moto;
 pub mod pods;
 pub mod shim;
+#[macro_use]
+pub mod terraform;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// How terraform runs: the default panicwrap pair (a parent that forwards SIGTERM to the worker it
-/// started) or a single process (`TF_FORK=0`).
+/// How terraform runs: terraform 1.0.3's default panicwrap pair (a parent that forwards SIGTERM
+/// to the worker it started) or its single process (`TF_FORK=0`), or a modern terraform (1.1 or
+/// later: one process, as users run it today).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// Default: `terraform` starts a copy of itself and forwards SIGTERM to it.
+    /// Default 1.0.3: `terraform` starts a copy of itself and forwards SIGTERM to it.
     Panicwrap,
-    /// `TF_FORK=0`: one terraform process.
+    /// 1.0.3 with `TF_FORK=0`: one terraform process.
     SingleProcess,
+    /// The modern terraform ([`terraform::Terraform::modern`]): one process by construction
+    /// (panicwrap is gone since 1.1; it ignores TF_FORK).
+    Modern,
 }
 
 impl Shape {
     /// Sets this shape's variables on `cmd` (TF_FORK removed or 0).
     pub fn apply(self, cmd: &mut Command) {
         match self {
-            Shape::Panicwrap => cmd.env_remove("TF_FORK"),
+            Shape::Panicwrap | Shape::Modern => cmd.env_remove("TF_FORK"),
             Shape::SingleProcess => cmd.env("TF_FORK", "0"),
         };
     }
@@ -58,7 +87,7 @@ impl Shape {
     /// This shape's variables, for an environment list.
     pub fn env(self) -> Vec<(&'static str, String)> {
         match self {
-            Shape::Panicwrap => vec![],
+            Shape::Panicwrap | Shape::Modern => vec![],
             Shape::SingleProcess => vec![("TF_FORK", "0".into())],
         }
     }
@@ -67,7 +96,16 @@ impl Shape {
     pub fn terraform_processes(self) -> usize {
         match self {
             Shape::Panicwrap => 2,
-            Shape::SingleProcess => 1,
+            Shape::SingleProcess | Shape::Modern => 1,
+        }
+    }
+
+    /// The terraform this shape runs: 1.0.3 of the test dependencies, or the modern one; None
+    /// (with a SKIP line, see [`terraform`]) when it is missing.
+    pub fn terraform(self) -> Option<terraform::Terraform> {
+        match self {
+            Shape::Panicwrap | Shape::SingleProcess => terraform::Terraform::legacy(),
+            Shape::Modern => terraform::Terraform::modern(),
         }
     }
 }

@@ -92,6 +92,28 @@ impl Moto {
         scan["Items"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The LockInfo in the S3 lock object of the state `key` (`<key>.tflock`, terraform 1.10+'s
+    /// `use_lockfile`), if there is one.
+    pub fn lock_object(&self, key: &str) -> Option<Value> {
+        let (status, body) = http(
+            self.port,
+            "GET",
+            &format!("/{BUCKET}/{key}.tflock"),
+            "s3",
+            "",
+        )
+        .unwrap_or_else(|e| panic!("GET the lock object of {key} from moto: {e}"));
+        match status {
+            200 => {
+                Some(serde_json::from_str(&body).unwrap_or_else(|e| {
+                    panic!("the lock object of {key} is not JSON ({e}): {body}")
+                }))
+            }
+            404 => None,
+            _ => panic!("GET the lock object of {key} from moto: HTTP {status}: {body}"),
+        }
+    }
+
     /// The locks (their LockInfo) held on the state `key` of the bucket.
     pub fn locks(&self, key: &str) -> Vec<Value> {
         self.lock(&format!("{BUCKET}/{key}")).into_iter().collect()

@@ -37,7 +37,8 @@ pub struct Place {
     pub shim: PathBuf,
     /// The pods' TFINIT_OWNER_TTL.
     pub ttl: Duration,
-    /// The terraform after the shim on PATH: the real one of the test dependencies by default.
+    /// The terraform after the shim on PATH: the real one of the test dependencies by default
+    /// (a world of another version sets its [`super::terraform::Terraform::dir`]).
     pub terraform_dir: PathBuf,
 }
 
@@ -101,10 +102,10 @@ impl Place {
         }
     }
 
-    /// The real terraform of the test dependencies, run directly (not through tfinit), as root,
-    /// in the working directory, with a clean environment (TF_VAR_sleep=0).
+    /// The real terraform of this place ([`Place::terraform_dir`]), run directly (not through
+    /// tfinit), as root, in the working directory, with a clean environment (TF_VAR_sleep=0).
     pub fn terraform_command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(deps().join("bin/terraform"));
+        let mut c = Command::new(self.terraform_dir.join("terraform"));
         c.args(args)
             .current_dir(&self.ws)
             .env_clear()
@@ -361,7 +362,7 @@ pub fn heartbeat_ms(state: &Path, owner: &str) -> u64 {
 }
 
 /// `tfinit recover ARGS` by hand (as an operator would, with `kubectl exec`), as root on the host,
-/// with `extra` environment.
+/// with `extra` environment and the place's terraform.
 pub fn recover_by_hand(w: &Place, args: &[&str], extra: &[(&str, &str)]) -> Output {
     let mut c = Command::new(tfinit());
     c.arg("recover")
@@ -370,7 +371,7 @@ pub fn recover_by_hand(w: &Place, args: &[&str], extra: &[(&str, &str)]) -> Outp
         .env_clear()
         .env(
             "PATH",
-            format!("{}:/usr/bin:/bin", deps().join("bin").display()),
+            format!("{}:/usr/bin:/bin", w.terraform_dir.display()),
         )
         .env("HOME", "/root")
         .env("CHECKPOINT_DISABLE", "1")
@@ -443,6 +444,35 @@ pub fn chown(path: &Path, uid: u32) {
         .status()
         .unwrap();
     assert!(st.success());
+}
+
+/// The process of the terraform binary `exe` that holds the lock of a run in `ws`: panicwrap's
+/// worker (whose parent runs `exe` too) under terraform 1.0.3, the one process under 1.1 and
+/// later. (The shim, a `terraform` link to tfinit, is not one of them.)
+pub fn lock_holding_terraform(ws: &Path, exe: &Path) -> Option<nix::unistd::Pid> {
+    let exe = fs::canonicalize(exe).ok()?;
+    let runs = |pid: &str| fs::read_link(format!("/proc/{pid}/exe")).ok().as_ref() == Some(&exe);
+    let ours: Vec<(String, String)> = fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().to_string();
+            if !pid.chars().all(|c| c.is_ascii_digit()) || !runs(&pid) {
+                return None;
+            }
+            if fs::read_link(format!("/proc/{pid}/cwd")).ok()? != ws {
+                return None;
+            }
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.to_string();
+            Some((pid, ppid))
+        })
+        .collect();
+    let holder = match ours.as_slice() {
+        [(pid, _)] => pid,
+        many => &many.iter().find(|(_, ppid)| runs(ppid))?.0,
+    };
+    Some(nix::unistd::Pid::from_raw(holder.parse().ok()?))
 }
 
 /// The terraform process whose parent is terraform too (panicwrap's child) working in `ws`.

@@ -1,10 +1,13 @@
-//! The s3 lock tests' harness (tests/locks_*.rs): a world of one moto, one initialised terraform
-//! working directory and a shared state dir, where [`common::pods::Pod`]s run.
+//! The s3 lock tests' harness (tests/locks_*.rs, tests/lock_probe.rs): a world of one moto, one
+//! terraform working directory initialised by one terraform ([`Terraform`]: 1.0.3 by default, or
+//! the modern one) with one kind of lock ([`S3Lock`]), and a shared state dir, where
+//! [`common::pods::Pod`]s run.
 #![allow(dead_code)]
 
 use crate::common;
 use crate::common::moto::Moto;
 use crate::common::pods::{self, apply_once, text, Place, Pod, PodSpec, STEP};
+pub use crate::common::terraform::{S3Lock, Terraform};
 use crate::common::{deps, wait_for};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -16,6 +19,9 @@ pub const TTL: Duration = Duration::from_secs(3);
 pub use crate::common::pods::NOBODY_UID;
 
 /// The state key every test uses (each test has its own moto server).
+pub const KEY: &str = "tfinit/terraform.tfstate";
+
+/// The state's lock item in the DynamoDB table (`<bucket>/<key>`).
 pub const STATE: &str = "tfstate/tfinit/terraform.tfstate";
 
 /// Whether everything these tests need is here (root, terraform, the null provider, moto).
@@ -35,22 +41,45 @@ pub fn have_deps() -> bool {
 pub struct S3World {
     pub place: Place,
     pub moto: Moto,
+    /// The terraform that initialised the directory, and that its pods run.
+    pub tf: Terraform,
+    /// How the state is locked.
+    pub lock: S3Lock,
 }
 
 impl S3World {
+    /// A world of terraform 1.0.3 with the DynamoDB lock table (check [`have_deps`] first).
     pub fn new(name: &str) -> S3World {
-        let place = Place::new(name, Some("s3"), TTL);
+        let tf = Terraform::legacy().expect("terraform 1.0.3 of the test dependencies");
+        S3World::with(name, &tf, S3Lock::Table)
+    }
+
+    /// A world of `tf` whose state is locked by `lock`.
+    pub fn with(name: &str, tf: &Terraform, lock: S3Lock) -> S3World {
+        let mut place = Place::new(name, Some("s3"), TTL);
+        place.terraform_dir = tf.dir();
         let moto = Moto::start();
-        let w = S3World { place, moto };
-        let out = w.terraform(&[
-            "init",
-            "-input=false",
-            "-no-color",
-            &format!("-plugin-dir={}", deps().join("plugins").display()),
-            &format!("-backend-config=endpoint={}", w.moto.endpoint()),
-            &format!("-backend-config=dynamodb_endpoint={}", w.moto.endpoint()),
-        ]);
-        assert!(out.status.success(), "terraform init: {}", text(&out));
+        let w = S3World {
+            place,
+            moto,
+            tf: tf.clone(),
+            lock,
+        };
+        let mut args = vec![
+            "init".to_string(),
+            "-input=false".into(),
+            "-no-color".into(),
+            format!("-plugin-dir={}", deps().join("plugins").display()),
+        ];
+        args.extend(tf.s3_backend_config(&w.moto.endpoint(), lock));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = w.terraform(&args);
+        assert!(
+            out.status.success(),
+            "terraform {} init: {}",
+            tf.version(),
+            text(&out)
+        );
         // Pods may run as a uid without a passwd entry.
         w.give_to_pods();
         w
@@ -62,9 +91,26 @@ impl S3World {
         common::run_output(&mut c, STEP)
     }
 
+    /// The lock held on the state, as the backend stores it (the table's item or the lock
+    /// object, whichever this world's lock has; the table's first when both).
+    pub fn held(&self) -> Option<Value> {
+        let table = || self.moto.lock(STATE);
+        let object = || self.moto.lock_object(KEY);
+        match self.lock {
+            S3Lock::Table => table(),
+            S3Lock::Object => object(),
+            S3Lock::Both => table().or_else(object),
+        }
+    }
+
     /// Asserts the state is whole: no lock, nothing left to do, every resource in it.
     pub fn assert_state_consistent(&self) {
         assert_eq!(self.moto.lock(STATE), None, "the lock must be free");
+        assert_eq!(
+            self.moto.lock_object(KEY),
+            None,
+            "the lock object must be gone"
+        );
         let locks: Vec<_> = self
             .moto
             .items()
@@ -136,7 +182,7 @@ pub fn pod_a_mid_apply(
         },
     );
     let rec = w.wait_in_progress("pod-a", &["null_resource.a"]);
-    wait_for(STEP, "pod-a's lock in DynamoDB", || w.moto.lock(STATE));
+    wait_for(STEP, "pod-a's lock in the backend", || w.held());
     (pod, rec)
 }
 

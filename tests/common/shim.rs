@@ -347,20 +347,19 @@ impl Tf {
     }
 }
 
-/// terraform 1.0.3 and the null provider from .test-deps, or None (skip) when missing.
+/// terraform 1.0.3 and the null provider from .test-deps, or None (skip) when missing: the
+/// directory of its `terraform` and init's `-plugin-dir=` argument.
 pub fn real_terraform() -> Option<(PathBuf, String)> {
-    let bin = common::deps().join("bin");
-    let plugins = common::deps().join("plugins");
-    let ok = bin.join("terraform").is_file()
-        && plugins
-            .join("registry.terraform.io/hashicorp/null/2.1.2")
-            .is_dir();
-    (common::can_unshare()
-        && common::require(
-            ok,
-            "terraform 1.0.3 + the null provider in .test-deps (scripts/install-test-deps.sh)",
-        ))
-    .then(|| (bin, format!("-plugin-dir={}", plugins.display())))
+    real_terraform_for(Shape::Panicwrap)
+}
+
+/// [`real_terraform`] of the terraform `shape` runs (the modern one for [`Shape::Modern`]).
+pub fn real_terraform_for(shape: Shape) -> Option<(PathBuf, String)> {
+    if !common::can_unshare() {
+        return None;
+    }
+    let tf = shape.terraform()?;
+    Some((tf.dir(), common::terraform::plugin_dir_arg()))
 }
 
 pub fn fake_available() -> bool {
@@ -395,7 +394,7 @@ pub struct SlowApply {
 /// Starts an init, initialises the `slow` fixture and runs its apply through the shim until the
 /// provisioner runs; `None` without a real terraform.
 pub fn slow_apply_through_the_shim(shape: Shape, name: &str) -> Option<SlowApply> {
-    let (bin, plugin_dir) = real_terraform()?;
+    let (bin, plugin_dir) = real_terraform_for(shape)?;
     let tmp = TempDir::new(name);
     let init = ShimInit::start(&tmp, &tmp.0, &[], None);
     let tf = Tf::new(&tmp, &init.run_dir, &bin, &shape.env());
@@ -411,6 +410,20 @@ pub fn slow_apply_through_the_shim(shape: Shape, name: &str) -> Option<SlowApply
     wait_for(LONG, "the apply's provisioner to start", || {
         apply.out.text().contains("Executing:").then_some(())
     });
+    // The run is the shape and the version under test (so each is really covered).
+    let exe = std::fs::canonicalize(bin.join("terraform")).expect("the real terraform");
+    let running = init
+        .processes()
+        .into_iter()
+        .filter(|(p, _)| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&exe))
+        .count();
+    assert_eq!(
+        running,
+        shape.terraform_processes(),
+        "processes of {} in shape {shape:?}: {:?}",
+        exe.display(),
+        init.processes()
+    );
     Some(SlowApply {
         tmp,
         init,

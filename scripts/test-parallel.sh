@@ -44,7 +44,7 @@ done <"$logs/binaries.tsv"
 
 heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival hostile_clients"
 pods="locks_recovery locks_never locks_state kubernetes records container_shutdown container_recovery container_images"
-terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples"
+terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples lock_probe"
 rest=""
 for name in $(printf '%s\n' "${!exe[@]}" | sort); do
     case " $heavy $pods $terraform " in

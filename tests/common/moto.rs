@@ -64,6 +64,13 @@ impl Moto {
         moto
     }
 
+    /// Stops the server (SIGKILL) and waits for it: the backend stops answering, as when the
+    /// endpoint is unreachable.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Its URL, for the backend's endpoint settings.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

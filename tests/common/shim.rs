@@ -410,18 +410,30 @@ pub fn slow_apply_through_the_shim(shape: Shape, name: &str) -> Option<SlowApply
     wait_for(LONG, "the apply's provisioner to start", || {
         apply.out.text().contains("Executing:").then_some(())
     });
-    // The run is the shape and the version under test (so each is really covered).
+    // The run is the shape and the version under test (so each is really covered). Polled: a
+    // process terraform is starting (local-exec's sh) runs terraform's binary until its exec.
     let exe = std::fs::canonicalize(bin.join("terraform")).expect("the real terraform");
-    let running = init
-        .processes()
-        .into_iter()
-        .filter(|(p, _)| std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&exe))
-        .count();
-    assert_eq!(
-        running,
-        shape.terraform_processes(),
-        "processes of {} in shape {shape:?}: {:?}",
+    let running = || {
+        init.processes()
+            .into_iter()
+            .filter(|(p, _)| {
+                std::fs::read_link(format!("/proc/{p}/exe")).ok().as_ref() == Some(&exe)
+            })
+            .count()
+    };
+    let shaped = (0..200).any(|_| {
+        let ok = running() == shape.terraform_processes();
+        if !ok {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        ok
+    });
+    assert!(
+        shaped,
+        "{} processes of {} in shape {shape:?} (want {}): {:?}",
+        running(),
         exe.display(),
+        shape.terraform_processes(),
         init.processes()
     );
     Some(SlowApply {

@@ -58,6 +58,9 @@ impl S3World {
     pub fn with(name: &str, tf: &Terraform, lock: S3Lock) -> S3World {
         let mut place = Place::new(name, Some("s3"), TTL);
         place.terraform_dir = tf.dir();
+        if tf.at_least(1, 6) {
+            modern_backend_block(&place.ws.join("main.tf"));
+        }
         let moto = Moto::start();
         let w = S3World {
             place,
@@ -147,6 +150,25 @@ impl S3World {
     pub fn plant_heartbeat(&self, owner: &str, hb: &Value) {
         pods::plant_heartbeat(&self.state, NOBODY_UID, owner, hb)
     }
+}
+
+/// Takes out of the fixture's backend block (written for 1.0.3, as tests/locks_*.rs and other
+/// directories initialised like it use it) what 1.6 and later name or choose otherwise:
+/// `force_path_style` (deprecated, and refused beside `use_path_style`) and `dynamodb_table`
+/// (the world's lock decides). [`Terraform::s3_backend_config`] passes them in their new form.
+fn modern_backend_block(main_tf: &Path) {
+    let text = std::fs::read_to_string(main_tf).expect("read the fixture's main.tf");
+    let drop = ["dynamodb_table", "force_path_style"];
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !drop.iter().any(|d| l.trim_start().starts_with(d)))
+        .collect();
+    assert_eq!(
+        text.lines().count() - kept.len(),
+        drop.len(),
+        "tests/fixtures/s3/main.tf sets {drop:?} once each"
+    );
+    std::fs::write(main_tf, kept.join("\n") + "\n").expect("write main.tf");
 }
 
 impl std::ops::Deref for S3World {

@@ -163,7 +163,8 @@ impl Terraform {
     }
 
     /// The `-backend-config=` arguments of an s3 backend on moto at `endpoint` that differ by
-    /// version (the fixtures keep the rest): 1.6 renamed `endpoint`, `dynamodb_endpoint` and
+    /// version (the fixtures keep the rest; tests/fixtures/s3/main.tf is written for 1.0.3, and
+    /// s3_pods.rs takes its `dynamodb_table` and `force_path_style` out for 1.6+): 1.6 renamed `endpoint`, `dynamodb_endpoint` and
     /// `force_path_style` to `endpoints = { s3, dynamodb }` and `use_path_style` (the old names
     /// still work, with a deprecation warning), and asks for the account id unless
     /// `skip_requesting_account_id`, which 1.0.3 does not know (it silently accepts unknown

@@ -307,7 +307,7 @@ impl KubeWorld {
             UID,
             "pod-a.0-1-1.r1.json",
             &json!({
-                "v": 1, "owner": owner, "who": "@pod-a", "run_id": "r1", "cwd": self.ws,
+                "v": 4, "ttl_ms": TTL.as_millis() as u64, "owner": owner, "who": "@pod-a", "run_id": "r1", "cwd": self.ws,
                 "workdir": self.ws, "workspace": workspace, "subcommand": "apply",
                 "argv": ["apply", "-auto-approve"], "started_ms": started,
                 "in_progress": ["null_resource.a"], "updated_ms": started,

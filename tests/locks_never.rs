@@ -68,7 +68,7 @@ fn a_lock_held_by_another_host_is_never_unlocked_whatever_records_exist() {
     // to be called "laptop" too but died minutes before this lock was taken.
     let dead = |name: &str, who: &str, started: u64| {
         json!({
-            "v": 1,
+            "v": 4, "ttl_ms": TTL.as_millis() as u64,
             "owner": {"name": name, "boot_id": "0", "started_ms": started - 1000, "pid": 1},
             "who": who, "run_id": "r1", "cwd": w.ws, "workdir": w.ws, "workspace": "default",
             "subcommand": "apply", "argv": ["apply", "-auto-approve"],
@@ -256,7 +256,7 @@ fn a_live_owner_whose_clock_is_far_behind_is_never_taken_for_dead() {
     w.plant_record(
         "pod-b.0-1-1.r1.json",
         &json!({
-            "v": 1, "owner": owner, "who": "root@pod-b", "run_id": "r1", "cwd": w.ws,
+            "v": 4, "ttl_ms": TTL.as_millis() as u64, "owner": owner, "who": "root@pod-b", "run_id": "r1", "cwd": w.ws,
             "workdir": w.ws, "workspace": "default", "subcommand": "apply",
             "argv": ["apply", "-auto-approve"], "started_ms": now_ms() - SKEW - 2_000,
             "in_progress": [], "updated_ms": now_ms() - SKEW - 2_000,

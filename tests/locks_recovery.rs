@@ -306,7 +306,7 @@ fn a_dead_runs_lock_on_a_missing_workspace_state_needs_a_person_and_the_command_
     let rec = w.plant_record(
         "pod-a.0-1-1.r1.json",
         &json!({
-            "v": 1, "owner": owner, "who": "@pod-a", "run_id": "r1", "cwd": w.ws, "workdir": w.ws,
+            "v": 4, "ttl_ms": TTL.as_millis() as u64, "owner": owner, "who": "@pod-a", "run_id": "r1", "cwd": w.ws, "workdir": w.ws,
             "workspace": "feature", "subcommand": "workspace new", "argv": ["workspace", "new", "feature"],
             "started_ms": started, "in_progress": [], "updated_ms": started,
         }),
@@ -382,7 +382,7 @@ fn two_runs_in_one_directory_share_one_recovery_and_none_starts_before_it_ends()
     let rec = w.plant_record(
         "pod-z.0-1-1.r1.json",
         &json!({
-            "v": 1,
+            "v": 4, "ttl_ms": TTL.as_millis() as u64,
             "owner": {"name": "pod-z", "boot_id": "0", "started_ms": started - 1000, "pid": 1},
             "who": "@pod-z", "run_id": "r1", "cwd": w.ws, "workdir": w.ws, "workspace": "default",
             "subcommand": "apply", "argv": ["apply", "-auto-approve"], "started_ms": started,

@@ -7,19 +7,21 @@
 //! 3. the kernel's proof trusted whatever file was at the lock file's path.
 //!
 //! Each test has its negative case: once the holder is really gone, the same recovery releases
-//! the lock. The rules are in docs/records.md ("Who is dead", "Which state a lock guards").
+//! the lock. Each runs on terraform 1.0.3 (panicwrap: two processes) and on the modern terraform
+//! (one process), where one is installed (`each_terraform!`). The rules are in docs/records.md ("Who is dead", "Which state a lock guards").
 
+#[macro_use]
 mod common;
 #[path = "common/s3_pods.rs"]
 mod s3_pods;
 
 use common::pods::{self, heartbeat_file, Pod, PodSpec, STEP};
-use common::{deps, read, tfinit, wait_for};
+use common::terraform::{plugin_dir_arg, S3Lock, Terraform};
+use common::{read, tfinit, wait_for};
 use s3_pods::*;
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `tfinit recover` by hand as if on another node: `boot_id` replaces the kernel's boot id in a
@@ -37,10 +39,7 @@ fn recover_on_other_node(w: &S3World, boot_id: &str) -> (String, Duration) {
         .arg(tfinit())
         .current_dir(&w.tmp.0)
         .env_clear()
-        .env(
-            "PATH",
-            format!("{}:/usr/bin:/bin", deps().join("bin").display()),
-        )
+        .env("PATH", format!("{}:/usr/bin:/bin", w.tf.dir().display()))
         .env("HOME", "/root")
         .env("CHECKPOINT_DISABLE", "1")
         .env("TFINIT_STATE_DIR", &w.state)
@@ -62,12 +61,11 @@ fn heartbeat(w: &S3World, owner: &str) -> Value {
 /// right after a beat and released its lock. Now it watches for pod-a's own TTL, sees the next
 /// beat and leaves the lock alone. Negative case: once pod-a is gone, the same command releases
 /// the lock, after watching for pod-a's 12 s (not its own 3 s).
-#[test]
-fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl() {
+fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-ttl");
+    let w = S3World::with("lock-ttl", tf, S3Lock::Table);
     let owner_ttl = Duration::from_secs(12);
     let a_out = w.tmp.join("pod-a.out");
     let mut pod_a = Pod::start(
@@ -102,7 +100,7 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl() {
 
     // Negative case: pod-a dies holding a lock (planted: its apply ended cleanly above), and the
     // watch lasts pod-a's TTL.
-    let w2 = S3World::new("lock-ttl-dead");
+    let w2 = S3World::with("lock-ttl-dead", tf, S3Lock::Table);
     let mut pod = Pod::start(
         &w2,
         PodSpec {
@@ -154,20 +152,13 @@ fn other_path(w: &S3World, how: OtherPath) -> PathBuf {
             let b = w.tmp.join("b");
             fs::create_dir_all(&b).unwrap();
             fs::copy(w.ws.join("main.tf"), b.join("main.tf")).unwrap();
-            let mut c = Command::new(deps().join("bin/terraform"));
-            c.args([
-                "init",
-                "-input=false",
-                "-no-color",
-                &format!("-plugin-dir={}", deps().join("plugins").display()),
-                &format!("-backend-config=endpoint={}", w.moto.endpoint()),
-                &format!("-backend-config=dynamodb_endpoint={}", w.moto.endpoint()),
-            ])
-            .current_dir(&b)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", "/root")
-            .env("CHECKPOINT_DISABLE", "1");
+            let mut c = w.tf.command();
+            c.args(["init", "-input=false", "-no-color"])
+                .arg(plugin_dir_arg())
+                .args(w.tf.s3_backend_config(&w.moto.endpoint(), w.lock))
+                .current_dir(&b)
+                .env("HOME", "/root")
+                .env("CHECKPOINT_DISABLE", "1");
             let out = common::run_output(&mut c, STEP);
             assert!(out.status.success(), "init in b: {}", pods::text(&out));
             b
@@ -175,10 +166,10 @@ fn other_path(w: &S3World, how: OtherPath) -> PathBuf {
     }
 }
 
-/// Pids of the real terraform processes (not the shims: those are tfinit) whose command line
+/// Pids of `w`'s real terraform processes (not the shims: those are tfinit) whose command line
 /// holds `arg`.
-fn real_terraform_with(arg: &str) -> Vec<i32> {
-    let real = fs::canonicalize(deps().join("bin/terraform")).unwrap();
+fn real_terraform_with(w: &S3World, arg: &str) -> Vec<i32> {
+    let real = fs::canonicalize(w.tf.path()).unwrap();
     let mut out = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -206,11 +197,18 @@ fn progress(file: &Path) -> String {
 /// is what counts: R3's recovery leaves the lock alone (R3 fails on the held lock, as terraform
 /// does), R2 finishes and releases its own lock. Negative case: once R2 is done, R4 through the
 /// same path finds the lock free and R0's record is removed.
-fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(how: OtherPath) {
+fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
+    tf: &Terraform,
+    how: OtherPath,
+) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new(&format!("lock-path-{how:?}").to_lowercase());
+    let w = S3World::with(
+        &format!("lock-path-{how:?}").to_lowercase(),
+        tf,
+        S3Lock::Table,
+    );
     let other = other_path(&w, how);
     let chdir = format!("-chdir={}", other.display());
     let t = w.tmp.join("steps");
@@ -255,7 +253,7 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(how: Oth
         (w.records().len() == 2 && r0.contains("Acquiring state lock")).then_some(())
     });
     // SIGKILL of R0's terraform (both processes of 1.0.3's panicwrap shape).
-    let pids = real_terraform_with(&chdir);
+    let pids = real_terraform_with(&w, &chdir);
     assert!(!pids.is_empty(), "R0's terraform processes");
     for p in pids {
         let _ = nix::sys::signal::kill(
@@ -310,14 +308,14 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(how: Oth
     w.assert_state_consistent();
 }
 
-#[test]
-fn a_live_runs_lock_is_never_released_through_a_symlinked_chdir() {
-    a_live_runs_lock_is_never_released_through_another_path_to_its_state(OtherPath::Symlink);
+fn a_live_runs_lock_is_never_released_through_a_symlinked_chdir(tf: &Terraform) {
+    a_live_runs_lock_is_never_released_through_another_path_to_its_state(tf, OtherPath::Symlink);
 }
 
-#[test]
-fn a_live_runs_lock_is_never_released_through_a_second_directory_with_its_backend_key() {
-    a_live_runs_lock_is_never_released_through_another_path_to_its_state(OtherPath::SameKey);
+fn a_live_runs_lock_is_never_released_through_a_second_directory_with_its_backend_key(
+    tf: &Terraform,
+) {
+    a_live_runs_lock_is_never_released_through_another_path_to_its_state(tf, OtherPath::SameKey);
 }
 
 /// Finding 3: while pod-a applies, `owners/` is restored from a backup, so a new, free file sits
@@ -326,12 +324,11 @@ fn a_live_runs_lock_is_never_released_through_a_second_directory_with_its_backen
 /// file (device and inode) pod-a's heartbeat names: recover watches instead, sees pod-a beat and
 /// leaves the lock alone. Negative case: pod-a killed, the same command watches its heartbeat
 /// for a TTL and releases the lock.
-#[test]
-fn a_lock_file_replaced_under_a_live_owner_proves_nothing() {
+fn a_lock_file_replaced_under_a_live_owner_proves_nothing(tf: &Terraform) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-inode");
+    let w = S3World::with("lock-inode", tf, S3Lock::Table);
     let mut pod_a = Pod::start(
         &w,
         PodSpec {
@@ -377,12 +374,11 @@ fn a_lock_file_replaced_under_a_live_owner_proves_nothing() {
 /// lock was created or within CLOCK_SKEW after. R0 dies holding its lock; the init starts; R3's
 /// recovery leaves the lock alone and R3 fails on it; once the init is gone, R4's recovery
 /// releases it. Prints how long the lock waited and how soon after the init's end it went.
-#[test]
-fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
+fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Terraform) {
     if !have_deps() {
         return;
     }
-    let w = S3World::new("lock-cost");
+    let w = S3World::with("lock-cost", tf, S3Lock::Table);
     // Connections wait in its backlog for good: the init hangs until it is killed.
     let blackhole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let hole = format!("http://{}", blackhole.local_addr().unwrap());
@@ -399,10 +395,11 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
         )
     };
     let init_chdir = format!("-chdir={}", c.display());
+    let init_config: Vec<String> = w.tf.s3_backend_config(&hole, w.lock);
     let script = format!(
         "terraform apply -auto-approve -input=false -no-color > {t}/r0.out 2>&1 &\n\
          {go_init}\n\
-         terraform {init_chdir} init -input=false -no-color -plugin-dir={plugins} -backend-config=endpoint={hole} -backend-config=dynamodb_endpoint={hole} > {t}/init.out 2>&1 &\n\
+         terraform {init_chdir} init -input=false -no-color {plugins} {config} > {t}/init.out 2>&1 &\n\
          {go_r3}\n\
          TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
          {go_r4}\n\
@@ -410,7 +407,13 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
          wait\n",
         t = t.display(),
         done = done.display(),
-        plugins = deps().join("plugins").display(),
+        plugins = plugin_dir_arg(),
+        // Single quotes: 1.6+'s `endpoints={s3="..."}` holds double quotes.
+        config = init_config
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(" "),
         go_init = wait_go("go-init"),
         go_r3 = wait_go("go-r3"),
         go_r4 = wait_go("go-r4"),
@@ -427,7 +430,7 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
     let lock = wait_for(STEP, "R0's lock", || w.moto.lock(STATE));
     // R0 dies holding it (SIGKILL of its terraform, as the OOM killer would).
     let ws_arg = "apply";
-    let r0: Vec<i32> = real_terraform_with(ws_arg);
+    let r0: Vec<i32> = real_terraform_with(&w, ws_arg);
     assert!(!r0.is_empty(), "R0's terraform");
     for p in r0 {
         let _ = nix::sys::signal::kill(
@@ -444,7 +447,7 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
     });
     fs::write(t.join("go-init"), "").unwrap();
     wait_for(STEP, "the init to hang on the backend", || {
-        (real_terraform_with(&init_chdir).len() == 2
+        (!real_terraform_with(&w, &init_chdir).is_empty()
             && read(&t.join("init.out")).contains("Initializing the backend"))
         .then_some(())
     });
@@ -470,7 +473,7 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
         pod.log()
     );
     // The init ends (here: killed; its record is marked ended in its own directory).
-    for p in real_terraform_with(&init_chdir) {
+    for p in real_terraform_with(&w, &init_chdir) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(p),
             nix::sys::signal::Signal::SIGKILL,
@@ -513,3 +516,9 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state() {
     drop(blackhole);
     assert!(pod.wait().success(), "{}", pod.log());
 }
+
+each_terraform!(an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl);
+each_terraform!(a_live_runs_lock_is_never_released_through_a_symlinked_chdir);
+each_terraform!(a_live_runs_lock_is_never_released_through_a_second_directory_with_its_backend_key);
+each_terraform!(a_lock_file_replaced_under_a_live_owner_proves_nothing);
+each_terraform!(a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state);

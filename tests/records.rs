@@ -530,7 +530,7 @@ fn unreadable_record_files_are_set_aside_and_never_stop_the_init() {
         "argv": ["apply"], "started_ms": 2, "updated_ms": 2,
     })
     .to_string();
-    let future = json!({"v": 4, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
+    let future = json!({"v": 5, "owner": {"name": "pod-y"}, "workdir": w.ws, "new_field": [1, 2]})
         .to_string();
     let files: [(&str, &[u8]); 4] = [
         ("truncated.json", &good.as_bytes()[..good.len() / 2]),

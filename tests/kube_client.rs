@@ -517,6 +517,43 @@ fn a_certificate_for_another_name_is_refused() {
 }
 
 #[test]
+fn kubeadm_shaped_rsa_certificates_are_verified_over_tls_1_3_and_1_2() {
+    if !have_deps() {
+        return;
+    }
+    for (name, options) in [
+        ("kube-rsa-13", &[][..]),
+        ("kube-rsa-12", &["--tls12-only"][..]),
+    ] {
+        let tmp = TempDir::new(name);
+        let pki = Pki::rsa(&tmp.0, "cluster");
+        let tokens = tmp.join("tokens");
+        std::fs::write(&tokens, "t\n").unwrap();
+        let api = ApiServer::start_tls_with(&tmp, NS, &pki, &tokens, options);
+        let sa = tmp.join("sa");
+        std::fs::create_dir_all(&sa).unwrap();
+        std::fs::write(sa.join("token"), "t").unwrap();
+        std::fs::copy(&pki.ca, sa.join("ca.crt")).unwrap();
+        std::fs::write(sa.join("namespace"), NS).unwrap();
+        let config = Config::from_dir("127.0.0.1", &api.port.to_string(), &sa).unwrap();
+        let client = Client::new(config, DEADLINES);
+        client
+            .create(&lease("pod-a-tfinit", "pod-a"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(client.list("").unwrap().items.len(), 1, "{name}");
+        // And another CA's RSA certificate is refused the same way.
+        let other = Pki::rsa(&tmp.0, "other");
+        std::fs::copy(&other.ca, sa.join("ca.crt")).unwrap();
+        let config = Config::from_dir("127.0.0.1", &api.port.to_string(), &sa).unwrap();
+        let e = Client::new(config, DEADLINES).list("").unwrap_err();
+        assert!(
+            e.to_string().contains("certificate is invalid"),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
 fn a_lost_answer_is_resolved_by_reading_again() {
     if !have_deps() {
         return;

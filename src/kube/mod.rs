@@ -21,6 +21,7 @@
 
 mod client;
 mod config;
+mod crypto;
 mod error;
 mod lease;
 mod microtime;

@@ -4,8 +4,9 @@
 //! and rustls's; this file only configures and translates.
 //!
 //! The configuration, on purpose:
-//! - TLS with rustls and ring, trusting only the service account's `ca.crt`; verification is never
-//!   turned off (an invalid server certificate is a [`Error::Connect`] that says so).
+//! - TLS with rustls and ring (the algorithms of [`super::crypto`]), trusting only the service
+//!   account's `ca.crt`; verification is never turned off (an invalid server certificate is a
+//!   [`Error::Connect`] that says so).
 //! - A deadline on connecting (DNS, TCP, TLS) and one on the whole request (sending it and
 //!   reading the whole answer): a hung server costs at most that, never a thread forever.
 //! - No proxy from the environment: the API server is reached at the address the kubelet gave,
@@ -76,7 +77,7 @@ impl Transport {
         let tls = TlsConfig::builder()
             .provider(TlsProvider::Rustls)
             .root_certs(RootCerts::Specific(Arc::new(parts.ca)))
-            .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .unversioned_rustls_crypto_provider(super::crypto::provider())
             .build();
         let config = ureq::Agent::config_builder()
             .tls_config(tls)

@@ -43,16 +43,32 @@ pub struct ApiServer {
 impl ApiServer {
     /// Plain http, no authentication, `namespace` existing.
     pub fn start(tmp: &TempDir, namespace: &str) -> ApiServer {
-        ApiServer::spawn(tmp, namespace, None)
+        ApiServer::spawn(tmp, namespace, None, &[])
     }
 
     /// HTTPS with `pki`'s server certificate; the bearer tokens accepted are the lines of
     /// `tokens` (read on every request).
     pub fn start_tls(tmp: &TempDir, namespace: &str, pki: &Pki, tokens: &Path) -> ApiServer {
-        ApiServer::spawn(tmp, namespace, Some((pki, tokens)))
+        ApiServer::spawn(tmp, namespace, Some((pki, tokens)), &[])
     }
 
-    fn spawn(tmp: &TempDir, namespace: &str, tls: Option<(&Pki, &Path)>) -> ApiServer {
+    /// The same, with more of the stand-in's options (`--tls12-only`).
+    pub fn start_tls_with(
+        tmp: &TempDir,
+        namespace: &str,
+        pki: &Pki,
+        tokens: &Path,
+        options: &[&str],
+    ) -> ApiServer {
+        ApiServer::spawn(tmp, namespace, Some((pki, tokens)), options)
+    }
+
+    fn spawn(
+        tmp: &TempDir,
+        namespace: &str,
+        tls: Option<(&Pki, &Path)>,
+        options: &[&str],
+    ) -> ApiServer {
         let port_file = tmp.join("apiserver.port");
         let admin_file = tmp.join("apiserver.admin-port");
         let log = tmp.join("apiserver.log");
@@ -69,7 +85,8 @@ impl ApiServer {
                 .arg("--token-file")
                 .arg(tokens)
                 .arg("--admin-port-file")
-                .arg(&admin_file);
+                .arg(&admin_file)
+                .args(options);
         }
         // SAFETY: prctl is async-signal-safe and touches no memory of ours.
         unsafe {

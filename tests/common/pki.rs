@@ -1,11 +1,15 @@
 //! Certificates for the HTTPS stand-in API server, made by the `openssl` command line as a
 //! cluster's would be: a CA (what the service account's `ca.crt` holds) and a server certificate
-//! it signs, for 127.0.0.1 and localhost unless told otherwise. A second [`Pki`] is another CA:
-//! its `ca.crt` does not verify the first one's server.
+//! it signs, for 127.0.0.1 and localhost unless told otherwise, with ECDSA P-256 keys (k3s, kind)
+//! or RSA 2048 (kubeadm). A second [`Pki`] is another CA: its `ca.crt` does not verify the first
+//! one's server.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+
+/// The names of the default server certificate.
+const LOCAL: &str = "IP:127.0.0.1,DNS:localhost";
 
 /// The `openssl` these helpers run.
 pub const OPENSSL: &str = "openssl";
@@ -16,6 +20,25 @@ pub fn have_openssl() -> bool {
         .arg("version")
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// The kind of keys of a [`Pki`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// ECDSA on P-256.
+    EcP256,
+    /// RSA, 2048 bits.
+    Rsa2048,
+}
+
+impl KeyKind {
+    /// `openssl req`'s arguments for a new key of this kind.
+    fn newkey(self) -> &'static [&'static str] {
+        match self {
+            KeyKind::EcP256 => &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
+            KeyKind::Rsa2048 => &["-newkey", "rsa:2048"],
+        }
+    }
 }
 
 /// A CA and a server certificate it signed, as PEM files.
@@ -29,27 +52,31 @@ pub struct Pki {
 }
 
 impl Pki {
-    /// A CA `name` and a server certificate for 127.0.0.1 and localhost, in `dir/name/`.
+    /// A CA `name` and a server certificate for 127.0.0.1 and localhost (P-256), in `dir/name/`.
     pub fn new(dir: &Path, name: &str) -> Pki {
-        Pki::for_names(dir, name, "IP:127.0.0.1,DNS:localhost")
+        Pki::make(dir, name, LOCAL, KeyKind::EcP256)
+    }
+
+    /// The same with RSA keys, as kubeadm makes them.
+    pub fn rsa(dir: &Path, name: &str) -> Pki {
+        Pki::make(dir, name, LOCAL, KeyKind::Rsa2048)
     }
 
     /// A CA `name` and a server certificate whose subjectAltName is `san` (`DNS:x,IP:y`).
     pub fn for_names(dir: &Path, name: &str, san: &str) -> Pki {
+        Pki::make(dir, name, san, KeyKind::EcP256)
+    }
+
+    fn make(dir: &Path, name: &str, san: &str, kind: KeyKind) -> Pki {
         let d = dir.join(name);
         std::fs::create_dir_all(&d).unwrap();
         let p = |f: &str| d.join(f);
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
+        let newkey = kind.newkey();
         openssl(
             Command::new(OPENSSL)
                 .args(["req", "-x509"])
-                .args(ec)
+                .args(newkey)
+                .arg("-nodes")
                 .arg("-keyout")
                 .arg(p("ca.key"))
                 .arg("-out")
@@ -61,7 +88,8 @@ impl Pki {
         openssl(
             Command::new(OPENSSL)
                 .args(["req", "-new"])
-                .args(ec)
+                .args(newkey)
+                .arg("-nodes")
                 .arg("-keyout")
                 .arg(p("server.key"))
                 .arg("-out")

@@ -238,7 +238,9 @@ impl KubeWorld {
             &self.state,
             UID,
             "pod-a",
-            &json!({"v": 1, "owner": owner, "updated_ms": started + 1000}),
+            // Its TTL stated (heartbeats of record format 4 do): without it the owner would be
+            // judged by TFINIT_OLDER_OWNER_TTL (a year), alive for these tests.
+            &json!({"v": 1, "owner": owner, "updated_ms": started + 1000, "ttl_ms": TTL.as_millis() as u64}),
         );
         let info = json!({
             "ID": "e2b7f19a-9b4c-e624-55c2-9de7d0e67a50", "Operation": "OperationTypeApply",

@@ -175,6 +175,10 @@ fn every_operation_works_over_tls() {
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     let e = client.delete("pod-a-tfinit", None).unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
+    // Created again from the copy read before: a new object, with its own uid.
+    let again = client.create(&updated).expect("create from a read copy");
+    assert_ne!(again.metadata.uid, updated.metadata.uid);
+    client.delete("pod-a-tfinit", None).unwrap();
     client
         .delete("someone-else", None)
         .expect("delete without precondition");
@@ -183,7 +187,7 @@ fn every_operation_works_over_tls() {
     // Nothing but these requests reached the server, each answered as expected.
     assert_eq!(
         c.codes(),
-        [201, 200, 201, 200, 200, 200, 200, 409, 409, 200, 404, 404, 200, 200]
+        [201, 200, 201, 200, 200, 200, 200, 409, 409, 200, 404, 404, 201, 200, 200, 200]
     );
     assert!(!c.api.log_text().contains("OUTSIDE"));
 }

@@ -156,10 +156,19 @@ impl Client {
     }
 
     /// Creates `lease` (its `metadata.name` a DNS subdomain); the stored Lease, with its
-    /// `resourceVersion` and `uid`. [`Error::AlreadyExists`] when the name is taken.
+    /// `resourceVersion` and `uid`. [`Error::AlreadyExists`] when the name is taken. A
+    /// `resourceVersion` or `uid` in `lease` (one read before, created again) is not sent: the
+    /// server gives a new object its own.
     pub fn create(&self, lease: &Lease) -> Result<Lease, Error> {
         let op = self.op(Verb::Create, Some(&lease.metadata.name))?;
-        let body = self.body(&op, lease)?;
+        let body = if lease.metadata.resource_version.is_some() || lease.metadata.uid.is_some() {
+            let mut new = lease.clone();
+            new.metadata.resource_version = None;
+            new.metadata.uid = None;
+            self.body(&op, &new)?
+        } else {
+            self.body(&op, lease)?
+        };
         let answer = self.call(&op, Method::POST, &self.path(None), Some(&body))?;
         self.lease(&op, answer)
     }

@@ -38,7 +38,8 @@ const MAX_ANSWER: u64 = 64 << 20;
 pub struct Deadlines {
     /// To have a connection: DNS, TCP and the TLS handshake.
     pub connect: Duration,
-    /// The whole request: connecting, sending, and reading the whole answer.
+    /// The whole request: connecting, sending, and reading the whole answer. After a 401 the
+    /// request is sent once more, with a deadline of its own: a call takes at most twice this.
     pub request: Duration,
 }
 

@@ -32,7 +32,9 @@ PY_REQUIREMENTS=(
 )
 # libfuse2: fusepy's library for tests/support/delayfs.py (the FUSE state volume of
 # tests/storage.rs and scripts/bench-storage.sh); as root it mounts without fusermount.
-APT_PACKAGES=(tini dumb-init catatonit busybox-static util-linux procps file iproute2 psmisc libfuse2)
+# openssl: the CA and server certificates of the HTTPS Kubernetes API stand-in
+# (tests/common/pki.rs, tests/kube_client.rs).
+APT_PACKAGES=(tini dumb-init catatonit busybox-static util-linux procps file iproute2 psmisc libfuse2 openssl)
 
 # ---- helpers ---------------------------------------------------------------
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

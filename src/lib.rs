@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod duration;
 pub mod init;
+pub mod kube;
 pub mod locks;
 pub mod logging;
 pub mod metrics;

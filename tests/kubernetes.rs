@@ -15,20 +15,18 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use common::apiserver::{self, ApiServer};
 use common::pods::{
     self, apply_once, apply_until_success, attempts, heartbeat_ms, now_ms, parse_rfc3339_ms, text,
     wrapped_terraform, Place, Pod, PodSpec, RETRY, STEP,
 };
-use common::{deps, wait_for, TempDir};
+use common::{deps, wait_for};
 
 /// TFINIT_OWNER_TTL of the pods (short, so a dead owner is seen dead quickly).
 const TTL: Duration = Duration::from_secs(3);
@@ -46,64 +44,15 @@ const RELEASE_PATCH: &str = r#"{"metadata":{"annotations":{"app.terraform.io/loc
 fn have_deps() -> bool {
     common::pods::have_pod_deps("the pods run as uid 2000 (setpriv) on a volume chowned to it")
         && common::require(
-            Path::new("/usr/bin/python3").exists(),
+            apiserver::have_python(),
             "python3 (the Kubernetes API stand-in)",
         )
 }
 
-// ----- the API stand-in -----
+// ----- the API stand-in (tests/common/apiserver.rs): terraform's objects on it -----
 
-/// The stand-in API server of one test, killed on drop (and by the kernel if the test thread
-/// dies without unwinding).
-struct ApiServer {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
+/// What terraform's backend stores on the stand-in, and the checks of these tests.
 impl ApiServer {
-    fn start(tmp: &TempDir) -> ApiServer {
-        let port_file = tmp.join("apiserver.port");
-        let log = tmp.join("apiserver.log");
-        let mut cmd = Command::new("/usr/bin/python3");
-        cmd.arg(common::repo().join("tests/fixtures/kube/apiserver.py"))
-            .arg(&port_file)
-            .arg(NS)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&log).unwrap())
-            .stderr(fs::File::options().append(true).open(&log).unwrap());
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("start the API stand-in");
-        let port = wait_for(STEP, "the API stand-in's port file", || {
-            fs::read_to_string(&port_file).ok()?.trim().parse().ok()
-        });
-        ApiServer { child, port, log }
-    }
-
-    /// One request; the answer's status and JSON body.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>, ctype: &str) -> (u16, Value) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to the stand-in");
-        s.set_read_timeout(Some(STEP)).unwrap();
-        let body = body.map(Value::to_string).unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let (_, json) = resp.split_once("\r\n\r\n").unwrap();
-        (code, serde_json::from_str(json).unwrap_or(Value::Null))
-    }
-
     fn lease_path(ws: &str) -> String {
         format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/lock-tfstate-{ws}-tfinit")
     }
@@ -134,27 +83,6 @@ impl ApiServer {
         self.call("GET", &Self::secret_path(ws), None, "application/json")
             .0
             == 200
-    }
-
-    fn delete(&self, path: &str) {
-        let (code, v) = self.call("DELETE", path, None, "application/json");
-        assert_eq!(code, 200, "DELETE {path}: {v}");
-    }
-
-    /// Switches faults of the stand-in (see its header); `{}` clears them.
-    fn faults(&self, f: Value) {
-        assert_eq!(
-            self.call("PUT", "/_admin/faults", Some(&f), "application/json")
-                .0,
-            200
-        );
-    }
-
-    /// Makes the namespace exist or not (deleting it deletes its objects, as the real one does).
-    fn namespace(&self, exists: bool) {
-        let method = if exists { "PUT" } else { "DELETE" };
-        let path = format!("/_admin/namespaces/{NS}");
-        assert_eq!(self.call(method, &path, None, "application/json").0, 200);
     }
 
     /// The workspace's Lease held by `info`, as terraform's Lock writes it: created, or updated
@@ -194,13 +122,6 @@ impl ApiServer {
     }
 }
 
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ----- the world -----
 
 /// One test's world: a stand-in, a working directory initialised on it, a shared state dir.
@@ -222,7 +143,7 @@ impl KubeWorld {
     /// any pod), with the given extra workspaces.
     fn new(name: &str, workspaces: &[&str]) -> KubeWorld {
         let place = Place::new(name, Some("kube"), TTL);
-        let api = ApiServer::start(&place.tmp);
+        let api = ApiServer::start(&place.tmp, NS);
         let kubeconfig = place.tmp.join("kubeconfig");
         let w = KubeWorld {
             place,
@@ -317,7 +238,9 @@ impl KubeWorld {
             &self.state,
             UID,
             "pod-a",
-            &json!({"v": 1, "owner": owner, "updated_ms": started + 1000}),
+            // Its TTL stated (heartbeats of record format 4 do): without it the owner would be
+            // judged by TFINIT_OLDER_OWNER_TTL (a year), alive for these tests.
+            &json!({"v": 1, "owner": owner, "updated_ms": started + 1000, "ttl_ms": TTL.as_millis() as u64}),
         );
         let info = json!({
             "ID": "e2b7f19a-9b4c-e624-55c2-9de7d0e67a50", "Operation": "OperationTypeApply",
@@ -706,11 +629,11 @@ fn what_cannot_be_told_is_left_alone_and_a_deleted_lease_is_free() {
     w.api.delete(&ApiServer::secret_path("default"));
     cannot_tell("missing Secret", "NEEDS A PERSON");
     assert_eq!(w.api.lock("default"), Some(info.clone()), "lock untouched");
-    w.api.namespace(false);
+    w.api.namespace(NS, false);
     cannot_tell("missing namespace", r#"namespaces "tfinit" not found"#);
 
     // The namespace back, the state written, then the Lease deleted by hand: free.
-    w.api.namespace(true);
+    w.api.namespace(NS, true);
     let apply = w.terraform(
         &["apply", "-auto-approve", "-input=false", "-no-color"],
         "default",

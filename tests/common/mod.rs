@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the binaries, PID namespaces, temp dirs, polling.
 //! The one way to start tfinit as an init is [`launch`]; pods (a hostname, a uid, a state dir)
-//! are [`pods`]; moto is [`moto`]; a memory cgroup is [`cgroup`]; a working directory of a
+//! are [`pods`]; moto is [`moto`]; a memory cgroup is [`cgroup`]; the Kubernetes API stand-in is
+//! [`apiserver`] (its certificates [`pki`]); a working directory of a
 //! fixture configuration is [`config_dir`]. The per-suite harnesses (`pid1_init`, `shim`, `helper_init`, `s3_pods`,
 //! `docker`, `fuse`, tests/fixtures/slow) build on these.
 #![allow(dead_code)]
@@ -47,10 +48,12 @@ macro_rules! all_shapes {
     };
 }
 
+pub mod apiserver;
 pub mod cgroup;
 pub mod fuse;
 pub mod launch;
 pub mod moto;
+pub mod pki;
 pub mod pods;
 pub mod shim;
 #[macro_use]

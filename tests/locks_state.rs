@@ -118,17 +118,10 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     pod.kill();
     let (out, took) = recover_on_other_node(&w2, "0f0f0f0f-other-node");
     assert!(
-        out.contains(&format!(
-            "force-unlocked lock {}",
-            lock["ID"].as_str().unwrap()
-        )),
-        "{out}"
-    );
-    assert!(
         took >= owner_ttl,
         "watched {took:?}, less than the owner's TTL {owner_ttl:?}: {out}"
     );
-    assert_eq!(w2.moto.lock(STATE), None, "{out}");
+    assert_released(&w2, &out, &lock);
 }
 
 /// Where the runs of [`a_live_runs_lock_is_never_released_through_another_path_to_its_state`]
@@ -190,6 +183,72 @@ fn progress(file: &Path) -> String {
     fs::read_to_string(file).unwrap_or_default()
 }
 
+/// A pod script's steps: it waits for a file per step (`go`), its runs write their output to
+/// `<dir>/<run>.out` and a line `<run> <exit code>` to `<dir>/done`.
+struct Steps {
+    dir: PathBuf,
+}
+
+impl Steps {
+    fn new(w: &S3World) -> Steps {
+        let dir = w.tmp.join("steps");
+        fs::create_dir_all(&dir).unwrap();
+        Steps { dir }
+    }
+
+    /// The sh line that waits for `step`.
+    fn wait(&self, step: &str) -> String {
+        format!(
+            "while [ ! -e {} ]; do sleep 0.1; done",
+            self.dir.join(step).display()
+        )
+    }
+
+    /// Lets the script past `step`.
+    fn go(&self, step: &str) {
+        fs::write(self.dir.join(step), "").unwrap();
+    }
+
+    /// Waits until the progress file has `line` (within `within`).
+    fn until(&self, line: &str, within: Duration) {
+        wait_for(within, &format!("`{line}` in the progress file"), || {
+            progress(&self.dir.join("done"))
+                .contains(line)
+                .then_some(())
+        });
+    }
+
+    /// What run `run` printed.
+    fn out(&self, run: &str) -> String {
+        read(&self.dir.join(format!("{run}.out")))
+    }
+}
+
+/// SIGKILL to each of `pids` (as the OOM killer would; one that is gone already is no matter).
+fn kill_all(pids: Vec<i32>) {
+    for p in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Asserts `out` (a recovery's output or log) says it released `lock`, and the lock is gone.
+fn assert_released(w: &S3World, out: &str, lock: &Value) {
+    assert!(
+        out.contains(&format!(
+            "force-unlocked lock {}",
+            lock["ID"].as_str().unwrap()
+        )) || out.contains(&format!(
+            "force-unlocked its state lock {}",
+            lock["ID"].as_str().unwrap()
+        )),
+        "{out}"
+    );
+    assert_eq!(w.moto.lock(STATE), None, "{out}");
+}
+
 /// Finding 2: R2 applies in the working directory; R0 reaches the same state through another
 /// path (`how`), waits for the lock, and its terraform is SIGKILLed (as the OOM killer would);
 /// R3 through that path once recovered R0's record, found the lock held with this pod's Who and
@@ -211,16 +270,9 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     );
     let other = other_path(&w, how);
     let chdir = format!("-chdir={}", other.display());
-    let t = w.tmp.join("steps");
-    fs::create_dir_all(&t).unwrap();
-    let done = t.join("done");
+    let steps = Steps::new(&w);
+    let (t, done) = (&steps.dir, steps.dir.join("done"));
     let apply = "terraform apply -auto-approve -input=false -no-color";
-    let wait_go = |step: &str| {
-        format!(
-            "while [ ! -e {} ]; do sleep 0.1; done",
-            t.join(step).display()
-        )
-    };
     let script = format!(
         "{apply} > {t}/r2.out 2>&1 &\n\
          {go_r0}\n\
@@ -233,9 +285,9 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
          TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
         t = t.display(),
         done = done.display(),
-        go_r0 = wait_go("go-r0"),
-        go_r3 = wait_go("go-r3"),
-        go_r4 = wait_go("go-r4"),
+        go_r0 = steps.wait("go-r0"),
+        go_r3 = steps.wait("go-r3"),
+        go_r4 = steps.wait("go-r4"),
     );
     let mut pod = Pod::start(
         &w,
@@ -247,31 +299,24 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
         },
     );
     let lock = wait_for(STEP, "R2's lock", || w.moto.lock(STATE));
-    fs::write(t.join("go-r0"), "").unwrap();
+    steps.go("go-r0");
     wait_for(STEP, "R0 waiting for the lock", || {
-        let r0 = read(&t.join("r0.out"));
+        let r0 = steps.out("r0");
         (w.records().len() == 2 && r0.contains("Acquiring state lock")).then_some(())
     });
     // SIGKILL of R0's terraform (both processes of 1.0.3's panicwrap shape).
     let pids = real_terraform_with(&w, &chdir);
     assert!(!pids.is_empty(), "R0's terraform processes");
-    for p in pids {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_all(pids);
     wait_for(STEP, "R0's record marked ended", || {
         w.records()
             .iter()
             .any(|(_, r)| !r["ended"].is_null())
             .then_some(())
     });
-    fs::write(t.join("go-r3"), "").unwrap();
-    wait_for(Duration::from_secs(90), "R3 to end", || {
-        progress(&done).contains("r3 ").then_some(())
-    });
-    let r3 = read(&t.join("r3.out"));
+    steps.go("go-r3");
+    steps.until("r3 ", Duration::from_secs(90));
+    let r3 = steps.out("r3");
     assert!(r3.contains("Error acquiring the state lock"), "{r3}");
     assert_eq!(
         w.moto.lock(STATE).map(|l| l["ID"].clone()),
@@ -279,10 +324,8 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
         "R2's lock untouched: {}",
         pod.log()
     );
-    wait_for(Duration::from_secs(90), "R2 to end", || {
-        progress(&done).contains("r2 done").then_some(())
-    });
-    let r2 = read(&t.join("r2.out"));
+    steps.until("r2 done", Duration::from_secs(90));
+    let r2 = steps.out("r2");
     assert!(r2.contains("Apply complete!"), "{r2}");
     assert!(!r2.contains("Error releasing the state lock"), "{r2}");
     let log = pod.log();
@@ -297,11 +340,9 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     assert_eq!(w.records().len(), 1, "R0's record kept: {log}");
 
     // Negative case: R2 is done; R4 through the same path finds the lock free.
-    fs::write(t.join("go-r4"), "").unwrap();
-    wait_for(Duration::from_secs(90), "R4 to end", || {
-        progress(&done).contains("r4 ").then_some(())
-    });
-    let r4 = read(&t.join("r4.out"));
+    steps.go("go-r4");
+    steps.until("r4 ", Duration::from_secs(90));
+    let r4 = steps.out("r4");
     assert!(progress(&done).contains("r4 0"), "{r4}\n{}", pod.log());
     assert!(w.records().is_empty(), "R0's record removed: {}", pod.log());
     assert!(pod.wait().success(), "{}", pod.log());
@@ -358,14 +399,7 @@ fn a_lock_file_replaced_under_a_live_owner_proves_nothing(tf: &Terraform) {
     // Negative case.
     pod_a.kill();
     let out = pods::text(&pods::recover_by_hand(&w, &[], &[]));
-    assert!(
-        out.contains(&format!(
-            "force-unlocked lock {}",
-            lock["ID"].as_str().unwrap()
-        )),
-        "{out}"
-    );
-    assert_eq!(w.moto.lock(STATE), None, "{out}");
+    assert_released(&w, &out, &lock);
 }
 
 /// What the rule of "Which state a lock guards" costs (docs/records.md): a live run of the same
@@ -385,15 +419,8 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
     let c = w.tmp.join("c");
     fs::create_dir_all(&c).unwrap();
     fs::copy(w.ws.join("main.tf"), c.join("main.tf")).unwrap();
-    let t = w.tmp.join("steps");
-    fs::create_dir_all(&t).unwrap();
-    let done = t.join("done");
-    let wait_go = |step: &str| {
-        format!(
-            "while [ ! -e {} ]; do sleep 0.1; done",
-            t.join(step).display()
-        )
-    };
+    let steps = Steps::new(&w);
+    let (t, done) = (&steps.dir, steps.dir.join("done"));
     let init_chdir = format!("-chdir={}", c.display());
     let init_config: Vec<String> = w.tf.s3_backend_config(&hole, w.lock);
     let script = format!(
@@ -414,9 +441,9 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
             .map(|a| format!("'{a}'"))
             .collect::<Vec<_>>()
             .join(" "),
-        go_init = wait_go("go-init"),
-        go_r3 = wait_go("go-r3"),
-        go_r4 = wait_go("go-r4"),
+        go_init = steps.wait("go-init"),
+        go_r3 = steps.wait("go-r3"),
+        go_r4 = steps.wait("go-r4"),
     );
     let mut pod = Pod::start(
         &w,
@@ -432,12 +459,7 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
     let ws_arg = "apply";
     let r0: Vec<i32> = real_terraform_with(&w, ws_arg);
     assert!(!r0.is_empty(), "R0's terraform");
-    for p in r0 {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_all(r0);
     let killed = Instant::now();
     wait_for(STEP, "R0's record marked ended", || {
         w.records()
@@ -445,17 +467,15 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
             .any(|(_, r)| !r["ended"].is_null())
             .then_some(())
     });
-    fs::write(t.join("go-init"), "").unwrap();
+    steps.go("go-init");
     wait_for(STEP, "the init to hang on the backend", || {
         (!real_terraform_with(&w, &init_chdir).is_empty()
-            && read(&t.join("init.out")).contains("Initializing the backend"))
+            && steps.out("init").contains("Initializing the backend"))
         .then_some(())
     });
-    fs::write(t.join("go-r3"), "").unwrap();
-    wait_for(Duration::from_secs(90), "R3 to end", || {
-        progress(&done).contains("r3 ").then_some(())
-    });
-    let r3 = read(&t.join("r3.out"));
+    steps.go("go-r3");
+    steps.until("r3 ", Duration::from_secs(90));
+    let r3 = steps.out("r3");
     assert!(r3.contains("Error acquiring the state lock"), "{r3}");
     assert_eq!(
         w.moto.lock(STATE).map(|l| l["ID"].clone()),
@@ -473,12 +493,7 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
         pod.log()
     );
     // The init ends (here: killed; its record is marked ended in its own directory).
-    for p in real_terraform_with(&w, &init_chdir) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_all(real_terraform_with(&w, &init_chdir));
     let init_gone = Instant::now();
     wait_for(STEP, "the init's record marked ended", || {
         (w.records()
@@ -488,15 +503,13 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
             == 2)
             .then_some(())
     });
-    fs::write(t.join("go-r4"), "").unwrap();
-    wait_for(Duration::from_secs(90), "R4 to end", || {
-        progress(&done).contains("r4 ").then_some(())
-    });
+    steps.go("go-r4");
+    steps.until("r4 ", Duration::from_secs(90));
     let released = Instant::now();
     assert!(
         progress(&done).contains("r4 0"),
         "{}\n{}",
-        read(&t.join("r4.out")),
+        steps.out("r4"),
         pod.log()
     );
     assert!(

@@ -17,6 +17,7 @@ use super::record::{Ended, Owner};
 use super::recorder::{Completion, Entry, Request, Table, WriteError};
 use super::who::{who_for, who_host};
 use crate::duration::fmt_duration;
+use crate::mutation::{self, Guard};
 
 /// How often "state volume is not answering" is repeated while it lasts.
 pub const NOT_ANSWERING_EVERY: Duration = Duration::from_secs(60);
@@ -1018,6 +1019,9 @@ impl Book {
     /// The fence's next step at `now`, if one is due: recorded runs are stopped before any
     /// observer may call this owner dead (see [`Fence`]).
     fn fence_due(&mut self, now: Instant) -> Option<Event> {
+        if !mutation::on(Guard::Fence) {
+            return None;
+        }
         let f = Fence::after(self.heartbeat_ok?, self.ttl);
         let kill = match self.fence {
             FenceStage::Clear if now >= f.kill_at => true,
@@ -1052,10 +1056,10 @@ impl Book {
             return Launch::Fenced;
         }
         if self.state == StoreState::Failed {
-            if self.shadowed.contains(&r.workdir) {
+            if self.shadowed.contains(&r.workdir) && mutation::on(Guard::Shadowed) {
                 return Launch::Shadowed;
             }
-        } else if self.heartbeat_ok.is_none() {
+        } else if self.heartbeat_ok.is_none() && mutation::on(Guard::Unseen) {
             return Launch::Unseen;
         }
         Launch::Yes

@@ -2,6 +2,8 @@
 //! Lock Info (a read-only probe for the backends whose Unlock compares the id first), or that the
 //! lock is free, or neither (an error we do not understand: then nothing is touched).
 
+use crate::mutation::{self, Guard};
+
 /// The lock as terraform describes it (statemgr.LockInfo.String()).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockInfo {
@@ -120,6 +122,9 @@ pub fn parse_probe_of(backend: &str, own_lock: Option<&str>, success: bool, outp
     {
         return Probe::Free;
     }
+    if backend == "s3" && mutation::on(Guard::Wordings) && s3_free_naming_id(&flat) {
+        return Probe::Free;
+    }
     // kubernetes' Unlock reads the Lease only after the state loaded (so the namespace exists):
     // a NotFound of exactly this Lease there means it was deleted, and so nothing holds the lock.
     if let (Some(name), "kubernetes") = (own_lock, backend) {
@@ -135,6 +140,20 @@ pub fn parse_probe_of(backend: &str, own_lock: Option<&str>, success: bool, outp
         return Probe::Free;
     }
     Probe::Unknown(first_line(&flat))
+}
+
+/// terraform 1.6+'s wording of a free s3 (DynamoDB) lock, which names the id it was given
+/// (s3/client.go: `failed to retrieve lock info for lock ID %q: %s`; 1.11.4 prints
+/// `failed to retrieve lock info for lock ID "<id>": unexpected end of JSON input`).
+fn s3_free_naming_id(flat: &str) -> bool {
+    const HEAD: &str = "failed to retrieve lock info for lock ID \"";
+    flat.lines().any(|l| {
+        l.find(HEAD)
+            .and_then(|at| l[at + HEAD.len()..].split_once('"'))
+            .is_some_and(|(id, tail)| {
+                plain_id(id) && tail.trim_end() == ": unexpected end of JSON input"
+            })
+    })
 }
 
 /// The first non-empty line of terraform's `output`, without escape codes, at most 300
@@ -369,6 +388,18 @@ mod tests {
         let out = fixture!("unlock-real.stdout");
         assert_eq!(parse_probe("s3", true, out), Probe::Free);
         assert!(matches!(parse_probe("s3", false, out), Probe::Unknown(_)));
+    }
+
+    #[test]
+    fn terraform_1_11s_free_s3_lock_is_free() {
+        let out = "Failed to unlock state: failed to retrieve lock info for lock ID \"00000000-0000-0000-0000-000000000000\": unexpected end of JSON input\n";
+        assert_eq!(parse_probe("s3", false, out), Probe::Free);
+        let down = "Failed to unlock state: failed to retrieve lock info for lock ID \"00000000-0000-0000-0000-000000000000\": operation error DynamoDB: GetItem, exceeded maximum number of attempts, 3\n";
+        assert!(matches!(parse_probe("s3", false, down), Probe::Unknown(_)));
+        assert!(matches!(
+            parse_probe("kubernetes", false, out),
+            Probe::Unknown(_)
+        ));
     }
 
     #[test]

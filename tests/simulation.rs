@@ -331,10 +331,7 @@ fn replay(seed: u64, o: &Opts) -> String {
 /// printed on every run, while any other violation fails the test (docs/reliability.md,
 /// "Simulation", says what the earlier ones were and how each was fixed); a kind put here keeps
 /// its issue open.
-const KNOWN_OPEN: [(&str, &str); 1] = [(
-    "Safety(SameState)",
-    "issue 23: a run of this init launched in another directory of the same state while a recovery ran, after the helper was given the live runs (seeds 14955, 16860)",
-)];
+const KNOWN_OPEN: [(&str, &str); 0] = [];
 
 #[test]
 fn todays_rules_hold_on_many_schedules() {

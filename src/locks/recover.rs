@@ -669,7 +669,7 @@ impl Recovery {
         // Right before the unlock, everything again from the volume: the owner's heartbeat (a
         // beat since the probe makes it alive) and the records (a run that started here since,
         // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
-        // nothing launches in this directory while its recovery runs.
+        // no state-locking run of the init starts while its recovery runs.
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
             return Outcome::OwnerAlive;
         }

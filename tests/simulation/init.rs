@@ -101,7 +101,7 @@ impl World {
             .runs
             .iter()
             .filter(|(_, r)| matches!(r.life, Life::Awaiting { deadline } if deadline <= now))
-            .filter(|(_, r)| !self.recovering_in(inc, r.workdir))
+            .filter(|_| !self.recovering(inc))
             .map(|(k, _)| *k)
             .collect();
         for k in expired {
@@ -150,13 +150,14 @@ impl World {
         self.resume_awaiting(inc);
     }
 
-    /// Whether a recovery helper runs in `workdir` (today's rule; the old init had none).
-    fn recovering_in(&self, inc: usize, workdir: u8) -> bool {
+    /// Whether a recovery helper of this init runs (runs/mod.rs `recovering`: no state-locking
+    /// run starts meanwhile, in any directory; the old init had no such rule).
+    fn recovering(&self, inc: usize) -> bool {
         self.cfg.rules == Rules::New
             && self.incs[inc]
                 .runs
                 .values()
-                .any(|r| r.workdir == workdir && matches!(r.life, Life::Recovering { .. }))
+                .any(|r| matches!(r.life, Life::Recovering { .. }))
     }
 
     fn resume_awaiting(&mut self, inc: usize) {
@@ -171,7 +172,7 @@ impl World {
                     BookSide::New(b) => (b.opening(), b.may_recover(&path)),
                     BookSide::Old(b) => (b.opening(), b.may_recover(&path)),
                 };
-                !opening && may && !self.recovering_in(inc, r.workdir)
+                !opening && may && !self.recovering(inc)
             })
             .map(|(k, _)| *k)
             .collect();
@@ -221,7 +222,7 @@ impl World {
             BookSide::New(b) => b.opening(),
             BookSide::Old(b) => b.opening(),
         };
-        if opening || self.recovering_in(inc, run.workdir) {
+        if opening || self.recovering(inc) {
             run.life = Life::Awaiting { deadline };
             self.incs[inc].runs.insert(k, run);
             return;
@@ -491,15 +492,15 @@ impl World {
             BookSide::New(b) => b.next_wakeup(),
             BookSide::Old(b) => b.next_wakeup(),
         };
-        // A run whose wait is blocked by a recovery in its directory goes on when that recovery
-        // ends (the helper's exit wakes the loop): the real loop leaves its deadline out of the
-        // epoll timeout (runs::next_wakeup), as here. (It once kept it there and woke every
+        // A run whose wait is blocked by a recovery goes on when that recovery ends (the
+        // helper's exit wakes the loop): the real loop leaves its deadline out of the epoll
+        // timeout (runs::next_wakeup), as here. (It once kept it there and woke every
         // millisecond until then; `spin_ms` counted that and stays 0 now.)
         let waits: Vec<Instant> = self.incs[inc]
             .runs
             .values()
             .filter_map(|r| match r.life {
-                Life::Awaiting { .. } if self.recovering_in(inc, r.workdir) => None,
+                Life::Awaiting { .. } if self.recovering(inc) => None,
                 Life::Awaiting { deadline } => Some(deadline),
                 _ => None,
             })

@@ -124,7 +124,7 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 9] = [
+const FOCI: [(Focus, &str); 10] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -134,6 +134,7 @@ const FOCI: [(Focus, &str); 9] = [
     (Focus::Aliases, "aliases"),
     (Focus::Restore, "restore"),
     (Focus::Wording, "wording"),
+    (Focus::Invisible, "invisible"),
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).

@@ -716,12 +716,18 @@ fn a_created_stamp_reads_back_through_lockinfo() {
 }
 
 /// `terraform force-unlock -force <id>`: releases the lock if it still has that id.
+/// As s3/client.go `Unlock` does it (docs/notes/terraform-facts.md 3d): a GetItem at one
+/// moment compares the id, and only on a match a DeleteItem at a later moment deletes whatever
+/// lock is there then, unconditionally (this is why recoveries go one at a time,
+/// `recover.lock`). Whether the id matched: terraform's exit status.
 async fn unlock(sim: &Sim, _node: usize, info: &LockInfo, judged: Judged) -> bool {
     let id: u64 = model_lock_id(&info.id).unwrap_or(u64::MAX);
-    let (at, done, key) = sim.with(|w| {
+    let (read_at, delete_at, done, key) = sim.with(|w| {
         let dur = w.rng.range(200, 2000);
+        let read_at = w.rng.range(w.now, w.now + dur);
         (
-            w.rng.range(w.now, w.now + dur),
+            read_at,
+            w.rng.range(read_at, w.now + dur),
             w.now + dur,
             w.key_of(&judged.rec),
         )
@@ -730,10 +736,20 @@ async fn unlock(sim: &Sim, _node: usize, info: &LockInfo, judged: Judged) -> boo
     let s2 = Rc::clone(&slot);
     sim.with(|w| {
         w.at(
-            at,
+            read_at,
             Ev::Call(Box::new(move |w| {
-                if let Some(k) = key {
-                    *s2.borrow_mut() = w.force_unlock(k, id, &judged);
+                let Some(k) = key else {
+                    return;
+                };
+                if w.locks.get(&k).map(|l| l.id) != Some(id) {
+                    return;
+                }
+                *s2.borrow_mut() = true;
+                let delete = move |w: &mut World| w.force_unlock(k, id, &judged);
+                if delete_at == w.now {
+                    delete(w);
+                } else {
+                    w.at(delete_at, Ev::Call(Box::new(delete)));
                 }
             })),
         )
@@ -792,14 +808,15 @@ impl World {
         }
     }
 
-    /// The force-unlock lands: the lock goes if it still has `id`. Safety: its holder must be
-    /// dead.
-    pub fn force_unlock(&mut self, key: LockKey, id: u64, j: &Judged) -> bool {
-        if self.locks.get(&key).map(|l| l.id) != Some(id) {
-            return false;
-        }
-        let lock = self.locks.remove(&key).expect("checked above");
+    /// The force-unlock's delete lands: whatever lock is at `key` goes (its id was `id` when
+    /// terraform compared it). Safety: its holder must be dead.
+    pub fn force_unlock(&mut self, key: LockKey, id: u64, j: &Judged) {
+        let Some(lock) = self.locks.remove(&key) else {
+            return;
+        };
         let holder = lock.holder;
+        let other = lock.id != id;
+        let id = lock.id;
         self.log(|| {
             format!(
                 "helper {} force-unlocks lock {id} of process {holder} ({})",
@@ -808,9 +825,13 @@ impl World {
         });
         if self.procs[holder].state == PState::Dead {
             self.stats.unlocks += 1;
-            return true;
+            return;
         }
-        let cause = self.classify(holder, j);
+        let cause = if other {
+            Cause::UnlockRace
+        } else {
+            self.classify(holder, j)
+        };
         let p = &self.procs[holder];
         let text = format!(
             "helper {} (of {}, TTL {} ms) force-unlocked lock {id} of state s{} {} held by live process {holder} (run {} of {} in /tf/w{}, TTL {} ms, started at {} ms), recovering record of run {} of {} in {} ({}), because: {}",
@@ -831,7 +852,6 @@ impl World {
             j.why
         );
         self.fail(VKind::Safety(cause), text);
-        true
     }
 
     /// What made a helper unlock a live holder's lock.

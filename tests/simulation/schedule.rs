@@ -58,6 +58,10 @@ pub enum Focus {
     Restore,
     /// Finding 4: terraform 1.11 everywhere, the progress check on.
     Wording,
+    /// An incarnation other pods cannot see: its node's mount hangs or fails writes from its
+    /// container's restart on (no heartbeat lands), while an earlier container's record with its
+    /// Who is on the volume (what `Launch::Unseen` and `Launch::Shadowed` are for).
+    Invisible,
 }
 
 /// Builds the world of `seed`.
@@ -136,6 +140,10 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
         Focus::Wording => {
             (tf_mode, progress_forced) = (1, true);
+        }
+        Focus::Invisible => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restarts, replacements, naming) = (true, false, PodKind::Deployment);
         }
     }
     let progress = o.progress && new && (progress_forced || r.chance(500));
@@ -282,13 +290,27 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     if restarts {
         for _ in 0..r.range(1, 3) {
             let pod = r.pick(pods_now);
+            let t = r.range(ttl / 2, horizon);
             env.push((
-                r.range(ttl / 2, horizon),
+                t,
                 EnvEv::Restart {
                     pod,
                     after: r.range(100, 3_000),
                 },
             ));
+            if o.focus == Focus::Invisible {
+                let kind = if r.chance(500) {
+                    FaultKind::Hang
+                } else {
+                    FaultKind::FailWrites
+                };
+                w.faults.push(Fault {
+                    from: t,
+                    to: (t + r.range(ttl, 3 * ttl)).min(horizon),
+                    kind,
+                    node: Some(w.pods[pod].node),
+                });
+            }
         }
     }
     if ooms {

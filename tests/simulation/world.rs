@@ -703,6 +703,9 @@ pub enum Cause {
     SameState,
     /// Finding 3: a free flock on a file that replaced the owner's lock file at its path.
     ReplacedLockFile,
+    /// terraform's force-unlock compared the dead run's lock id, then its unconditional delete
+    /// removed a live run's lock taken meanwhile (two recoveries at once: `recover.lock`).
+    UnlockRace,
     /// Anything else.
     Other,
 }

@@ -124,7 +124,7 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 10] = [
+const FOCI: [(Focus, &str); 11] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -135,6 +135,7 @@ const FOCI: [(Focus, &str); 10] = [
     (Focus::Restore, "restore"),
     (Focus::Wording, "wording"),
     (Focus::Invisible, "invisible"),
+    (Focus::Crowd, "crowd"),
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).
@@ -160,6 +161,7 @@ const TODAY: Opts = Opts {
     max_ttls: 4,
     helper_ttl_factor: 1,
     progress: true,
+    dead_verdicts: true,
     focus: Focus::None,
     max_ppm: 25_000,
     freeze_div: 20,
@@ -455,6 +457,192 @@ fn the_old_rules_unlock_a_fresh_lock_with_a_second_helpers_stale_view() {
     let (seed, n) = find_legacy(Focus::TwoHelpers, Cause::TwoHelpers, LEGACY_LIMIT);
     println!("issue 18 finding 4 (two helpers in one directory): seed {seed}, found after {n} schedule(s)");
 }
+
+/// The first seed in `0..limit` of options `o` whose violation `want` accepts.
+fn first_seed(o: &Opts, limit: u64, want: impl Fn(&Violation) -> bool) -> Option<u64> {
+    let anchor = Instant::now();
+    (0..limit).find(|seed| {
+        let (_, v, _) = run_one(*seed, o, anchor, false);
+        v.is_some_and(|v| want(&v))
+    })
+}
+
+/// Searches with `guard` turned off (the rules before issue 23, for the guard of a finding) and
+/// `focus` for a violation `want` accepts; prints its schedule and returns the first seed.
+fn find_without(
+    guard: Guard,
+    focus: Focus,
+    limit: u64,
+    what: &str,
+    o: Opts,
+    want: impl Fn(&Violation) -> bool,
+) -> u64 {
+    let o = Opts {
+        off: Some(guard),
+        focus,
+        ..o
+    };
+    let Some(seed) = first_seed(&o, limit, want) else {
+        panic!("with {guard:?} off and {focus:?}, no {what} in {limit} schedules: the simulation cannot fail as it should");
+    };
+    // The same schedule with the guard on breaks nothing: the violation is the guard's.
+    let on = Opts { off: None, ..o };
+    let (_, v, _) = run_one(seed, &on, Instant::now(), false);
+    assert!(
+        v.is_none(),
+        "seed {seed} fails with {guard:?} on too: {v:?}"
+    );
+    println!("{}", show(seed, &o));
+    println!("{what}: seed {seed}, found after {} schedule(s)", seed + 1);
+    seed
+}
+
+/// How many schedules each search of one of issue 23's findings may take.
+const FINDING_LIMIT: u64 = 5_000;
+
+/// The options of a search for a finding: the run goes on past a wrong dead verdict to the
+/// force-unlock it leads to, as in the reproduction.
+const FINDING: Opts = Opts {
+    dead_verdicts: false,
+    ..TODAY
+};
+
+#[test]
+fn the_pre_fix_rules_unlock_a_live_owner_judged_by_a_shorter_ttl() {
+    find_without(
+        Guard::OwnersTtl,
+        Focus::OwnersTtl,
+        FINDING_LIMIT,
+        "issue 23 finding 1 (an owner judged by a TTL shorter than its own)",
+        FINDING,
+        |v| v.kind == VKind::Safety(Cause::OwnersTtl),
+    );
+}
+
+#[test]
+fn the_pre_fix_rules_unlock_a_live_run_in_another_directory_of_the_same_state() {
+    find_without(
+        Guard::StateIdentity,
+        Focus::Aliases,
+        FINDING_LIMIT,
+        "issue 23 finding 2 (a live run in another directory of the same state)",
+        FINDING,
+        |v| v.kind == VKind::Safety(Cause::SameState),
+    );
+}
+
+#[test]
+fn the_pre_fix_rules_trust_a_free_flock_on_a_lock_file_that_replaced_the_owners() {
+    find_without(
+        Guard::LockFileInode,
+        Focus::Restore,
+        FINDING_LIMIT,
+        "issue 23 finding 3 (a free flock on a replaced lock file)",
+        FINDING,
+        |v| v.kind == VKind::Safety(Cause::ReplacedLockFile),
+    );
+}
+
+#[test]
+fn terraform_1_0_3s_wording_alone_keeps_a_freed_locks_record_for_good() {
+    find_without(
+        Guard::Wordings,
+        Focus::Wording,
+        FINDING_LIMIT,
+        "issue 23 finding 4 (a freed s3 lock read as cannot tell with terraform 1.11)",
+        FINDING,
+        |v| v.kind == VKind::Progress && v.sig.contains("probe could not tell"),
+    );
+}
+
+/// The mutation check (STYLE.md habit 14): each safety guard of today's rules turned off alone
+/// (`tfinit::mutation`), the simulation must find a violation of the kind that guard is for
+/// within the stated number of schedules, each search favouring the guard's trouble
+/// (docs/reliability.md, "Mutation check", has the table). `kind` is the violation's signature
+/// (`Violation::sig`).
+macro_rules! mutant {
+    ($name:ident, $guard:expr, $focus:expr, $budget:expr, $($kind:literal)|+) => {
+        #[test]
+        fn $name() {
+            let kinds = [$($kind),+];
+            find_without($guard, $focus, $budget, &format!("{:?} off: {kinds:?}", $guard), TODAY, |v| {
+                kinds.contains(&v.sig.as_str())
+            });
+        }
+    };
+}
+
+mutant!(mutant_watch, Guard::Watch, Focus::None, 200, "DeadVerdict");
+mutant!(
+    mutant_fence,
+    Guard::Fence,
+    Focus::StaleRecord,
+    2_000,
+    "DeadVerdict"
+);
+mutant!(
+    mutant_unseen,
+    Guard::Unseen,
+    Focus::Invisible,
+    2_000,
+    "Safety(SameWho)"
+);
+mutant!(
+    mutant_shadowed,
+    Guard::Shadowed,
+    Focus::Invisible,
+    1_000,
+    "Safety(SameWho)"
+);
+mutant!(
+    mutant_recover_lock,
+    Guard::RecoverLock,
+    Focus::Crowd,
+    3_000,
+    "Safety(UnlockRace)"
+);
+mutant!(
+    mutant_live_on_host,
+    Guard::LiveOnHost,
+    Focus::Crowd,
+    3_000,
+    "Safety(SameWho)" | "Safety(OwnUnrecorded)" | "Safety(SameState)"
+);
+mutant!(
+    mutant_lock_file_inode,
+    Guard::LockFileInode,
+    Focus::Restore,
+    1_000,
+    "Safety(ReplacedLockFile)"
+);
+mutant!(
+    mutant_state_identity,
+    Guard::StateIdentity,
+    Focus::Aliases,
+    2_000,
+    "Safety(SameState)"
+);
+mutant!(
+    mutant_owners_ttl,
+    Guard::OwnersTtl,
+    Focus::OwnersTtl,
+    1_000,
+    "DeadVerdict (judged by a TTL shorter than the owner's)" | "Safety(OwnersTtl)"
+);
+mutant!(
+    mutant_live_runs,
+    Guard::LiveRuns,
+    Focus::TwoHelpers,
+    3_000,
+    "Safety(InitsLiveRun)" | "Safety(SameState)"
+);
+mutant!(
+    mutant_wordings,
+    Guard::Wordings,
+    Focus::Wording,
+    1_000,
+    "Progress (probe could not tell)"
+);
 
 #[test]
 fn a_helper_that_watches_four_ttls_fails_the_progress_check() {

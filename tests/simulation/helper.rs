@@ -185,7 +185,8 @@ async fn watch(sim: &Sim, c: &Ctx, observer: &mut Observer, records: &[Rc<Record
             match observer.verdict(&key, now) {
                 Verdict::Watching { left } => longest = longest.max(left),
                 Verdict::Dead { .. } => {
-                    sim.with(|w| w.check_dead_verdict(&format!("helper {}", c.h), o, start));
+                    let ttl = c.ttl.as_millis() as Ms;
+                    sim.with(|w| w.check_dead_verdict(&format!("helper {}", c.h), ttl, o, start));
                 }
                 Verdict::Alive => {}
             }
@@ -240,7 +241,8 @@ async fn state_now(sim: &Sim, c: &Ctx, observer: &mut Observer, rec: &Record) ->
     let verdict = observer.verdict(&rec.owner.key(), now);
     // The verdict decides only when the kernel says nothing (and then a fresh read came first).
     if kernel.is_none() && matches!(verdict, Verdict::Dead { .. }) {
-        sim.with(|w| w.check_dead_verdict(&format!("helper {}", c.h), &rec.owner, start));
+        let (who, ttl) = (format!("helper {}", c.h), c.ttl.as_millis() as Ms);
+        sim.with(|w| w.check_dead_verdict(&who, ttl, &rec.owner, start));
     }
     run_state(&c.me, &facts, kernel, verdict)
 }
@@ -922,10 +924,13 @@ impl World {
         if Some(p.inc) == h.init && p.started >= h.started {
             return Cause::TwoHelpers;
         }
+        if self.cfg.rules == Rules::New && Some(p.inc) == h.init && p.who == j.rec.who {
+            return Cause::InitsLiveRun;
+        }
         if p.who == j.rec.who && self.incs[p.inc].owner.same_incarnation(&j.rec.owner) {
             return Cause::OwnUnrecorded;
         }
-        if p.who == j.rec.who && p.inc != h.container {
+        if p.who == j.rec.who && Some(p.inc) != h.init {
             return Cause::SameWho;
         }
         Cause::Other

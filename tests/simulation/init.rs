@@ -252,7 +252,6 @@ impl World {
         let i = &self.incs[inc];
         self.helpers.push(Helper {
             init: Some(inc),
-            container: inc,
             node: i.node,
             me: i.owner.clone(),
             ttl: i.ttl,
@@ -877,7 +876,6 @@ impl World {
         let task = self.spawn(Spawn::Helper(h), None);
         self.helpers.push(Helper {
             init: None,
-            container: inc,
             node,
             me,
             ttl,

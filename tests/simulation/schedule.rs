@@ -23,6 +23,8 @@ pub struct Opts {
     pub helper_ttl_factor: u32,
     /// Whether schedules end with a calm phase that checks progress (half of them).
     pub progress: bool,
+    /// Whether a helper's dead verdict is checked (world::Cfg::dead_verdicts).
+    pub dead_verdicts: bool,
     /// Which trouble to favour (the searches for issue 18's findings in the old rules).
     pub focus: Focus,
     /// Largest rate difference of a node's monotonic clock (ppm, each way).
@@ -62,6 +64,10 @@ pub enum Focus {
     /// container's restart on (no heartbeat lands), while an earlier container's record with its
     /// Who is on the volume (what `Launch::Unseen` and `Launch::Shadowed` are for).
     Invisible,
+    /// Many requests in one directory of three pods, OOM kills that leave locks with ended
+    /// records (recovered at once, by several pods' helpers): two recoveries at the same lock
+    /// (what `recover.lock` is for).
+    Crowd,
 }
 
 /// Builds the world of `seed`.
@@ -141,19 +147,23 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         Focus::Wording => {
             (tf_mode, progress_forced) = (1, true);
         }
+        Focus::Crowd => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restarts, replacements, naming, ooms) = (false, false, PodKind::Deployment, true);
+        }
         Focus::Invisible => {
             (skew, steps, vol_faults, node_faults) = (false, false, false, false);
-            (restarts, replacements, naming) = (true, false, PodKind::Deployment);
+            (restarts, replacements, naming, manual) = (true, false, PodKind::Deployment, true);
         }
     }
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
-    let n_dirs = if aliases {
-        r.range(2, 3)
-    } else {
-        r.range(1, 2)
-    } as u8;
+    let n_dirs = match (aliases, o.focus) {
+        (_, Focus::Crowd) => 1,
+        (true, _) => r.range(2, 3) as u8,
+        (false, _) => r.range(1, 2) as u8,
+    };
     let mut dirs: Vec<Dir> = Vec::new();
     for d in 0..n_dirs {
         let mut dir = Dir {
@@ -199,11 +209,16 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         record_timeout: r.range(ttl / 3, ttl),
         workdirs: n_dirs,
         dirs,
-        workspaces: if r.chance(200) { 2 } else { 1 },
+        workspaces: if r.chance(200) && o.focus != Focus::Crowd {
+            2
+        } else {
+            1
+        },
         probe_unknown: if unknown { 200 } else { 0 },
         calm_at: horizon,
         end_at: horizon + ttl,
         progress,
+        dead_verdicts: o.dead_verdicts,
         helper_ttl_factor: o.helper_ttl_factor,
         max_ppm,
     };
@@ -229,7 +244,11 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         });
     }
     let mut env: Vec<(Ms, EnvEv)> = Vec::new();
-    let n_pods = r.range(2, 3) as usize;
+    let n_pods = if o.focus == Focus::Crowd {
+        3
+    } else {
+        r.range(2, 3) as usize
+    };
     for i in 0..n_pods {
         // hostNetwork pods crowd node 0, where they share the hostname.
         let node = if one_node || (naming == PodKind::HostNetwork && r.chance(700)) {
@@ -275,7 +294,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let n_req = (horizon / (ttl / 2)).max(2);
+    let n_req = (horizon / (ttl / 2)).max(2) * if o.focus == Focus::Crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
         let workdir = r.below(w.cfg.workdirs as u64) as u8;

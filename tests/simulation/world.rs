@@ -65,6 +65,9 @@ pub struct Cfg {
     pub end_at: Ms,
     /// Whether progress is checked (calm-phase requests create obligations).
     pub progress: bool,
+    /// Whether a helper's dead verdict is checked against the owner's recorded runs (off in the
+    /// searches for a finding, which go on to the force-unlock the wrong verdict leads to).
+    pub dead_verdicts: bool,
     /// The helper watches for this many TTLs (1; 2 only in the test that shows progress can fail).
     pub helper_ttl_factor: u32,
     /// Largest rate difference of a node's monotonic clock, ppm.
@@ -591,8 +594,6 @@ pub struct Inc {
 pub struct Helper {
     /// Its init; None for `tfinit recover` run by hand (from a shell in a pod's container).
     pub init: Option<usize>,
-    /// The incarnation whose container it runs in (it dies with it).
-    pub container: usize,
     /// Its node.
     pub node: usize,
     /// Who it is (its init; by hand, a new incarnation of the pod's owner name).
@@ -706,6 +707,9 @@ pub enum Cause {
     /// terraform's force-unlock compared the dead run's lock id, then its unconditional delete
     /// removed a live run's lock taken meanwhile (two recoveries at once: `recover.lock`).
     UnlockRace,
+    /// A live run of the helper's own init, started before the helper (so in the live runs the
+    /// init handed it), with the record's Who, that no record names.
+    InitsLiveRun,
     /// Anything else.
     Other,
 }
@@ -1106,12 +1110,15 @@ impl World {
             .collect()
     }
 
-    /// An observer (`who` says which) calls incarnation `owner` dead after a read that started
-    /// at `read_start` showed its heartbeat unchanged: none of its runs whose record was on the
+    /// An observer (`who` says which, `ttl` its own TTL) calls incarnation `owner` dead after a
+    /// read that started at `read_start` showed its heartbeat unchanged: none of its runs whose record was on the
     /// volume then was alive then (the owner's fence stopped them before any observer may
     /// decide). The verdict says nothing of runs recorded later: the owner may come back, and
     /// the re-check before an unlock reads again.
-    pub fn check_dead_verdict(&mut self, who: &str, owner: &Owner, read_start: Ms) {
+    pub fn check_dead_verdict(&mut self, who: &str, ttl: Ms, owner: &Owner, read_start: Ms) {
+        if !self.cfg.dead_verdicts {
+            return;
+        }
         let Some(inc) = self
             .incs
             .iter()
@@ -1142,6 +1149,8 @@ impl World {
             );
             self.dead_why = if shared {
                 " (two live incarnations share a key)"
+            } else if self.incs[inc].ttl > ttl {
+                " (judged by a TTL shorter than the owner's)"
             } else if self.create_failed(inc, pr.run) {
                 " (a create that reported an error landed)"
             } else {

@@ -5,11 +5,16 @@
 //!
 //! # What runs unchanged
 //! The real `Book` (the loop's in-memory book: `begin`, `on_completion`, `tick` and its fence,
-//! `needs_recovery`, `observations`, ...), `Observer` and its verdicts, `run_state`,
-//! `fresh_enough`, `last_alive_ms` and the recovery's `decide`. Around them, models of the code
-//! that does I/O, following it step by step: the recorder thread (recorder.rs's `Worker`), the
-//! init's loop for state-locking runs (src/init/records.rs, launch.rs) and the recovery helper
-//! (recover.rs's `Recovery::run`).
+//! `needs_recovery`, `may_launch`, `observations`, ...), `Observer` with its verdicts and its
+//! judging TTL (the owner's stated one when longer), `run_state`, `fresh_enough`,
+//! `last_alive_ms`, the store's kernel proof (`kernel_proof_with`, `same_lock_file`: device and
+//! inode), the state identity (`state::of_backend_file` on each directory's stored backend
+//! settings, `state::by_text`, `state::may_share`), `live_on_host`, the recovery's `decide`, and
+//! lockinfo's `parse_probe_of` reading what each terraform version prints. Around them, models of
+//! the code that does I/O, following it step by step: the recorder thread (recorder.rs's
+//! `Worker`), the init's loop for state-locking runs (src/init/records.rs, runs/launch.rs) and
+//! the recovery helper (recover.rs's `Recovery::run`, for an init's `__recover` or a person's
+//! `tfinit recover`).
 //!
 //! # What is modelled (tests/simulation/*.rs)
 //! - Nodes (2 or 3), each with a boot id, a monotonic clock of its own (`Instant`s made as
@@ -21,20 +26,35 @@
 //!   node share both) or with a fixed TFINIT_OWNER; container restarts (a new incarnation, same
 //!   name and boot), pod kills (PID 1's death kills every process of the container), graceful
 //!   deletions with a grace period, rolling updates and StatefulSet replacements (the old pod
-//!   still running for a while, or gone first), OOM kills of one terraform, freezes of an init.
+//!   still running for a while, or gone first), OOM kills of one terraform (one holding its lock
+//!   or one waiting for it with `-lock-timeout`), freezes of an init.
+//! - Each pod's own TFINIT_OWNER_TTL (the schedule's, or 2 or 4 times it; a rolling update may
+//!   raise or lower it), stated in its heartbeats and records; `tfinit recover` run by hand in a
+//!   pod's container with a TTL of its own (1 s, the default 30 s, or the pod's), no watches of
+//!   the init's and no live runs.
+//! - Each pod's terraform: 1.0.3 or 1.11 (cluster-wide or mixed), by the wording of its probe's
+//!   output (a free s3 lock: `failed to retrieve lock info: unexpected end of JSON input` or
+//!   `failed to retrieve lock info for lock ID "<id>": unexpected end of JSON input`), which the
+//!   real parser reads.
 //! - The state volume: records, one heartbeat file per incarnation, `recover.lock`, and each
-//!   incarnation's lock file (the kernel's proof: on the same boot it says whether every process
-//!   of the incarnation is gone; from another node it answers "free", which proves nothing and
-//!   must be refused by the boot-id check). Every operation takes time and applies at one moment
+//!   incarnation's lock file with its inode, named in the incarnation's heartbeats (the kernel's
+//!   proof: on the same boot it says whether every process of the incarnation is gone; from
+//!   another node, or on a file nobody locked, it answers "free", which proves nothing and must
+//!   be refused by the boot-id and inode checks). `owners/` restored from a backup replaces every
+//!   lock file by a free copy with a new inode while its holders keep the old one. Every operation takes time and applies at one moment
 //!   between its start and its end (a read's snapshot, a write's landing), even if its caller
 //!   died meanwhile. Faults, on the volume or on one node's mount: hangs (operations complete
 //!   after the hang), failing writes while reads work (ENOSPC), writes that land but report an
 //!   error (the rename done, the directory fsync failed), slowness.
-//! - terraform's backend lock table: a run takes its directory and workspace's lock when it
-//!   starts (or waits for it, then gives up), with its Who (`@hostname`) and Created (its node's
-//!   wall clock), releases it when it ends or stops gracefully (or ignores SIGTERM); a SIGKILLed
-//!   terraform leaves its lock. A probe reads the lock at one moment; a force-unlock releases it
-//!   at one moment if its id still matches.
+//! - Working directories `/tf/w<n>` and the states their backends name: a directory may be a
+//!   symbolic link to another, or name the same backend key (two directories, one state); one's
+//!   key may come from the environment (tfinit cannot tell its state from another's).
+//! - terraform's backend lock table, by state and workspace: a run takes the lock of its
+//!   directory's state when it starts (or waits for it, then gives up), with its Who
+//!   (`@hostname`) and Created (its node's wall clock), releases it when it ends or stops
+//!   gracefully (or ignores SIGTERM); a SIGKILLed terraform leaves its lock. A probe reads the lock
+//!   at one moment; a force-unlock compares the id at one moment and, on a match, deletes whatever
+//!   lock is there at a later one (s3's Unlock: GetItem, compare, DeleteItem).
 //! - Recovery helpers with their own latencies, so several overlap; `recover.lock` serialises
 //!   them; a helper dies with its container (and its flock with it).
 //!
@@ -52,21 +72,28 @@
 //!   for a run in a directory and workspace whose lock is held by a dead terraform, that a record
 //!   on the volume names, whose run is marked ended or whose incarnation died at least
 //!   TTL + TTL/3 + 2·max_ppm·TTL + 1 s before, the lock is released within
-//!   `TTL·(1 + 2·max_ppm) + n·(2·2 s + (10 + 4n)·300 ms) + TTL/3 + 1 s` of that request, n being
-//!   the number of records on the volume (the watch; then helpers go one at a time through
-//!   `recover.lock`, and per record a liveness read, the probe, the window's reads, the re-check,
-//!   the listing, the unlock and the removal, probes and unlocks taking up to 2 s and volume
-//!   operations up to 300 ms in the calm phase; a rescan's delay; the 500 ms watch step). Not
-//!   owed, by design (counted as "excused"): a lock created outside its run's life as its node's
-//!   wall clock tells (a step larger than CLOCK_SKEW), or one with a live terraform of the same
-//!   Who in that directory and workspace.
+//!   `T·(1 + 2·max_ppm) + n·(2·2 s + (12 + 4n + 4b)·300 ms) + T/3 + 1 s` of that request, T
+//!   being the longest TTL of the pods, n the number of records and b of heartbeat files on the
+//!   volume (the watch; then helpers go one at a time through `recover.lock`, and per record a
+//!   liveness check, the probe, the window's reads, the re-check, the listing, the unlock and the
+//!   removal, probes and unlocks taking up to 2 s and volume operations up to 300 ms in the calm
+//!   phase; a rescan's delay; the 500 ms watch step). When that lock is free, every record there
+//!   of a dead run is removed within the same time (a freed lock's record does not stay for
+//!   good). "There": records of the requested directory, by its text or once symbolic links are
+//!   resolved, and its workspace. Not owed, by design (counted as "excused"): a lock created
+//!   outside its run's life as its node's wall clock tells (a step larger than CLOCK_SKEW), or one
+//!   with a live terraform, a live tfinit on the host or a record of a run that may be alive with
+//!   the same Who on that state.
 //! - No runaway: a schedule takes fewer than 2,000,000 steps.
 //!
 //! A violation is named by its kind and, for an unlock of a live lock, by what the simulation
 //! knows caused it (`world::Cause`): a live run of another incarnation with the same Who and no
-//! record, a live unrecorded run of the very owner of the recovered record, two incarnations
-//! sharing a key, a record that landed although its create reported an error; and for the old
-//! rules, issue 18's four findings.
+//! record, a live unrecorded run of the very owner of the recovered record or of the helper's
+//! own init, two incarnations sharing a key, a record that landed although its create reported
+//! an error, a delete of terraform's force-unlock that removed a lock taken since its compare;
+//! issue 23's three (an owner judged by a shorter TTL than its own, a live run in another
+//! directory of the same state, a free flock on a replaced lock file); and for the old rules,
+//! issue 18's four findings.
 //!
 //! # Assumptions (the design's own, docs/records.md)
 //! Monotonic clocks of all nodes tick at the same rate within a tenth of the TTL, and no process
@@ -84,14 +111,21 @@
 //! `TFINIT_SIM_MAX_TTLS`, `TFINIT_SIM_FOCUS`, ...; `TFINIT_SIM_SHRINK=1` shrinks it again).
 //! `TFINIT_SIM_SCHEDULES=N` runs N schedules (default 100,000, up to 4 TTLs of trouble each),
 //! `TFINIT_SIM_FIRST=S` starts at seed S, `TFINIT_SIM_THREADS` (default 2),
-//! `TFINIT_SIM_EXPLORE=1` keeps going past violations and prints each kind with its first seeds;
-//! `scripts/simulate.sh N` runs many more, longer ones, in release mode on every core.
+//! `TFINIT_SIM_EXPLORE=1` keeps going past violations and prints each kind with its first seeds,
+//! `TFINIT_SIM_FOCUS=<name>` favours one trouble (`FOCI`), `TFINIT_SIM_OFF=<guard>` turns one
+//! safety guard off (`GUARDS`); `scripts/simulate.sh N` runs many more, longer ones, in release
+//! mode on every core (with the same variables).
 //!
 //! # Negative tests
-//! `legacy.rs` models the rules before issue 18; the same simulation must find each of the
-//! issue's four findings with them (each search favours its trouble: `schedule::Focus`), and a
-//! helper that watches four TTLs must fail the progress check: a test that cannot fail proves
-//! nothing. A seed must replay exactly.
+//! A test that cannot fail proves nothing. `legacy.rs` models the rules before issue 18; the
+//! same simulation must find each of the issue's four findings with them (each search favours
+//! its trouble: `schedule::Focus`). Issue 23's four findings must be found with the guard that
+//! fixed each turned off (`tfinit::mutation`, a test-only switch in the real code: the owner's
+//! TTL, the state identity, the lock file's inode, terraform 1.11's wording). The mutation check
+//! (`mutant_*`, STYLE.md habit 14) turns each safety guard of today's rules off alone and must
+//! find a violation of the kind that guard is for within its stated budget, on a seed that passes
+//! with the guard on (docs/reliability.md, "Mutation check"). A helper that watches four TTLs
+//! must fail the progress check. A seed must replay exactly.
 
 #[path = "simulation/helper.rs"]
 mod helper;

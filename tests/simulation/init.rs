@@ -1,10 +1,11 @@
-//! The init's loop, as far as records and locks go (src/init/records.rs and launch.rs): a
-//! state-locking run's check (wait while the store opens, while a recovery runs in its
-//! directory, while our own end-markings there are on their way; a helper when the book says a
-//! recovery is needed), its record, its launch (refused while the fence is up), the book's
-//! timers and fence, and what happens when terraform ends. Also terraform itself (takes the
-//! backend lock, works, releases it; SIGTERM and SIGKILL) and the life of pods and containers.
-//! Under `Rules::Legacy` the book is the old one and nothing serialises recoveries per directory.
+//! The init's loop, as far as records and locks go (src/init/records.rs and runs/launch.rs): a
+//! state-locking run's check (wait while the store opens, while a recovery of this init runs,
+//! while our own end-markings in its directory are on their way; a helper when the book says a
+//! recovery is needed), its record, its launch (refused while the fence is up, or as the book
+//! says), the book's timers and fence, and what happens when terraform ends. Also terraform
+//! itself (takes the lock of its directory's state, waits for it, works, releases it; SIGTERM and
+//! SIGKILL), `tfinit recover` by hand, a restore of `owners/`, and the life of pods and
+//! containers. Under `Rules::Legacy` the book is the old one and nothing serialises recoveries.
 
 use std::time::Instant;
 

@@ -778,7 +778,7 @@ pub struct Stats {
     /// Dead locks not owed (wall step beyond CLOCK_SKEW, or a live same-Who run there).
     pub excused: u64,
     /// Time the real loop would spin on a 1 ms epoll timeout (an expired wait blocked by a
-    /// recovery in its directory), simulated ms.
+    /// recovery), simulated ms.
     pub spin_ms: u64,
     /// Loop wake-ups for a book timer still due right after `tick` (should be 0).
     pub past_timers: u64,

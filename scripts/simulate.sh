@@ -9,6 +9,11 @@
 #   EXPLORE=1 scripts/simulate.sh ...      do not stop at a violation: list every kind found, with
 #                                          its first seeds (TFINIT_SIM_EXPLORE)
 #   LEGACY=1 scripts/simulate.sh ...       the model of the rules before issue 18
+#   OFF=fence scripts/simulate.sh ...      one safety guard turned off (the mutation check's
+#                                          names: watch, fence, fresh-heartbeat, unseen, shadowed,
+#                                          recover-lock, live-on-host, lock-file-inode,
+#                                          state-identity, owners-ttl, live-runs, wordings)
+#   FOCUS=crowd scripts/simulate.sh ...    favour one trouble (tests/simulation.rs FOCI)
 # Exit status: 0 when no schedule broke an invariant (always 0 with EXPLORE=1). A failing seed's
 # schedule, what happened, its shrunk schedule and the replay command are in its job's log,
 # printed at the end.
@@ -21,6 +26,8 @@ export TFINIT_SIM_MAX_TTLS=${TFINIT_SIM_MAX_TTLS:-10}
 export TFINIT_SIM_THREADS=1
 [ -n "${EXPLORE:-}" ] && export TFINIT_SIM_EXPLORE=1
 [ -n "${LEGACY:-}" ] && export TFINIT_SIM_LEGACY=1
+[ -n "${OFF:-}" ] && export TFINIT_SIM_OFF=$OFF
+[ -n "${FOCUS:-}" ] && export TFINIT_SIM_FOCUS=$FOCUS
 
 # The test binary, built once (release: the seeds run about 2 to 3 times as fast as in debug).
 bin=$(cargo test --release --test simulation --no-run --message-format=json 2>/dev/null |
@@ -53,7 +60,7 @@ for j in "${!pids[@]}"; do
         cat "$logs/job$j.log"
     fi
 done
-echo "== summary ($((SECONDS - start)) s, $jobs jobs, seeds $first..$((first + n)), TFINIT_SIM_MAX_TTLS=$TFINIT_SIM_MAX_TTLS${LEGACY:+, legacy rules})"
+echo "== summary ($((SECONDS - start)) s, $jobs jobs, seeds $first..$((first + n)), TFINIT_SIM_MAX_TTLS=$TFINIT_SIM_MAX_TTLS${LEGACY:+, legacy rules}${TFINIT_SIM_OFF:+, guard off: $TFINIT_SIM_OFF}${TFINIT_SIM_FOCUS:+, focus: $TFINIT_SIM_FOCUS})"
 grep -h "^simulation \|^ *[0-9]\+  " "$logs"/job*.log || true
 if [ "$failed" -gt 0 ]; then
     echo "simulate.sh: $failed job(s) found a schedule that breaks an invariant (see above)" >&2

@@ -15,6 +15,7 @@ pub mod locks;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
+pub mod mutation;
 pub mod protocol;
 mod signals;
 pub mod sys;

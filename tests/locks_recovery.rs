@@ -368,8 +368,8 @@ fn shell_word(s: &str) -> String {
 
 /// Issue 18, finding 4: two recovery helpers once ran in one working directory, each with the
 /// live runs as they were when it started, and a run could launch there while the other helper
-/// still probed. Now one recovery at a time per directory, and nothing launches there while it
-/// runs. A dead owner's record (on another node: it must be watched for a TTL) and two applies
+/// still probed. Now one recovery at a time, and no state-locking run launches while it runs
+/// (in any directory: another may lock the same state, issue 23). A dead owner's record (on another node: it must be watched for a TTL) and two applies
 /// at once in its directory: one helper, the other run waits for it, and no terraform starts
 /// before the helper is done.
 #[test]
@@ -418,7 +418,7 @@ fn two_runs_in_one_directory_share_one_recovery_and_none_starts_before_it_ends()
         "one helper for the directory: {log}"
     );
     assert!(
-        log.contains("a lock recovery runs in this directory: this run waits for it"),
+        log.contains("a lock recovery runs: this run waits for it"),
         "{log}"
     );
     let finished = log.find("lock recovery finished").unwrap();

@@ -125,7 +125,7 @@ impl Refusal {
             Refusal::ShuttingDown => "the init is shutting down (the container is stopping)",
             Refusal::Fenced => "the init is unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
             Refusal::Unseen => "the init is waiting for the state volume (TFINIT_STATE_DIR), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
-            Refusal::Shadowed => "the init is unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who in this working directory (another pod's recovery of it could release this run's lock; see the init's log)",
+            Refusal::Shadowed => "the init is unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who (another pod's recovery of it could release this run's lock, in any directory that locks the same state; see the init's log)",
             Refusal::Cancelled => "the run was cancelled (tfinit cancel) before terraform started",
         }
     }

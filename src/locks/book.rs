@@ -17,6 +17,7 @@ use super::record::{Ended, Owner};
 use super::recorder::{Completion, Entry, Request, Table, WriteError};
 use super::who::{who_for, who_host};
 use crate::duration::fmt_duration;
+use crate::mutation::{self, Guard};
 
 /// How often "state volume is not answering" is repeated while it lasts.
 pub const NOT_ANSWERING_EVERY: Duration = Duration::from_secs(60);
@@ -338,10 +339,11 @@ impl Notice {
                 let dirs = list(workdirs.iter().map(|d| d.display()));
                 format!(
                     "TFINIT_STATE_DIR ({dir}) cannot be written but holds lock-owner records of earlier runs with this pod's \
-                     hostname in their lock's Who, in {dirs}: state-locking runs there are refused (exit code 75) until the \
-                     volume takes writes again or those records are gone, because another pod recovering such a record \
-                     could release a lock of this pod's, which carries the same Who, while this pod cannot say it is alive. \
-                     Fix the volume (space, permissions, the NFS server)"
+                     hostname in their lock's Who, in {dirs}: state-locking runs are refused (exit code 75), in every \
+                     directory (another may lock the same state), until the volume takes writes again or those records \
+                     are gone, because another pod recovering such a record could release a lock of this pod's, which \
+                     carries the same Who, while this pod cannot say it is alive. Fix the volume (space, permissions, the \
+                     NFS server)"
                 )
             }
             Notice::RecordTimeout { run, dir, timeout } => format!(
@@ -500,8 +502,8 @@ pub enum Launch {
     Yes,
     /// Not while this owner's heartbeat does not land (the fence is up).
     Fenced,
-    /// Not while the store cannot be written and a record with this pod's `Who` is in its
-    /// working directory.
+    /// Not while the store cannot be written and a record with this pod's `Who` is on it (in
+    /// any working directory: another may lock the same state).
     Shadowed,
     /// Not before a heartbeat of this incarnation is on the volume, while the store has not
     /// opened (it hangs, or it did not answer in time): other pods cannot know it is alive, nor
@@ -1018,6 +1020,9 @@ impl Book {
     /// The fence's next step at `now`, if one is due: recorded runs are stopped before any
     /// observer may call this owner dead (see [`Fence`]).
     fn fence_due(&mut self, now: Instant) -> Option<Event> {
+        if !mutation::on(Guard::Fence) {
+            return None;
+        }
         let f = Fence::after(self.heartbeat_ok?, self.ttl);
         let kill = match self.fence {
             FenceStage::Clear if now >= f.kill_at => true,
@@ -1045,17 +1050,19 @@ impl Book {
     /// would carry the Who of an owner other pods may soon take for dead), recorded or not. A run
     /// the book does not know (it takes no lock) always may.
     pub fn may_launch(&self, run: RunId) -> Launch {
-        let Some(r) = self.runs.get(&run) else {
+        if !self.runs.contains_key(&run) {
             return Launch::Yes;
-        };
+        }
         if self.fence != FenceStage::Clear {
             return Launch::Fenced;
         }
         if self.state == StoreState::Failed {
-            if self.shadowed.contains(&r.workdir) {
+            // In every directory, not only those of the records: a directory's path does not say
+            // which state its runs lock (a symbolic link, a backend naming the same key).
+            if !self.shadowed.is_empty() && mutation::on(Guard::Shadowed) {
                 return Launch::Shadowed;
             }
-        } else if self.heartbeat_ok.is_none() {
+        } else if self.heartbeat_ok.is_none() && mutation::on(Guard::Unseen) {
             return Launch::Unseen;
         }
         Launch::Yes
@@ -1065,8 +1072,9 @@ impl Book {
     /// pod's host: while this incarnation cannot write to the volume, it is invisible to other
     /// pods, and one recovering such a record (a dead earlier container's, a run whose removal
     /// failed) could release a lock of this incarnation's that carries the same `Who`. So its
-    /// state-locking runs there wait (refused with 75) until the volume opens or the records are
-    /// gone. Found by the simulation (docs/reliability.md).
+    /// state-locking runs wait (refused with 75), in every directory (any may lock the state of
+    /// one of these), until the volume opens or the records are gone. Found by the simulation
+    /// (docs/reliability.md).
     fn shadowed_dirs(&self) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = Vec::new();
         let Some(t) = &self.table else {
@@ -1409,7 +1417,7 @@ mod tests {
     }
 
     #[test]
-    fn a_store_that_fails_at_open_refuses_runs_only_where_a_record_has_this_pods_who() {
+    fn a_store_that_fails_at_open_refuses_runs_while_a_record_has_this_pods_who() {
         let t = Instant::now();
         let mut b = book(t);
         let earlier = other("pod-a", T0 - 60_000);
@@ -1442,17 +1450,25 @@ mod tests {
         );
         assert_eq!(
             b.may_launch(y),
-            Launch::Yes,
-            "another pod's Who is not this pod's"
+            Launch::Shadowed,
+            "/tf/y may lock /tf/x's state (a symbolic link, the same backend key)"
         );
         // The retry fails again with the same records: nothing new is said.
         let ev = b.on_completion(failed_open(t, records), t);
         assert_eq!(logs(&ev), Vec::<String>::new());
         assert_eq!(b.may_launch(x), Launch::Shadowed);
-        // Another pod recovered the record: /tf/x is free again, the volume still failing.
-        let ev = b.on_completion(failed_open(t, vec![]), t);
+        // Another pod recovered the record, the volume still failing: another pod's record (its
+        // Who is not this pod's) refuses nothing.
+        let others = vec![entry(
+            "/state/records/2.json",
+            "/tf/y",
+            other("pod-b", T0),
+            T0,
+        )];
+        let ev = b.on_completion(failed_open(t, others), t);
         assert_eq!(logs(&ev), Vec::<String>::new());
         assert_eq!(b.may_launch(x), Launch::Yes);
+        assert_eq!(b.may_launch(y), Launch::Yes);
         // The volume is back: the store opens on a retry.
         let earlier = other("pod-a", T0 - 60_000);
         let rec = entry("/state/records/1.json", "/tf/x", earlier, T0);

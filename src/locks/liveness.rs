@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::record::{Ended, Heartbeat, Owner, Record};
+use crate::mutation::{self, Guard};
 
 /// What an observer compares between two reads of one incarnation's heartbeat: its sequence
 /// number and its stamp (a heartbeat of the first format has no sequence number, so its stamp is
@@ -165,6 +166,9 @@ impl Observer {
     /// The TTL `key` is judged by: the longer of this observer's own and the owner's stated one,
     /// or [`Observer::older`] when it stated none.
     pub fn judging_ttl(&self, key: &str) -> Duration {
+        if !mutation::on(Guard::OwnersTtl) {
+            return self.ttl;
+        }
         self.stated
             .get(key)
             .map_or(self.older(), |stated| (*stated).max(self.ttl))
@@ -281,6 +285,9 @@ fn verdict_of(w: &Watch, ttl: Duration, now: Instant) -> Verdict {
     if w.changed {
         return Verdict::Alive;
     }
+    if !mutation::on(Guard::Watch) {
+        return Verdict::Dead { watched };
+    }
     Verdict::Watching {
         left: (w.since + ttl).saturating_duration_since(now),
     }
@@ -337,7 +344,8 @@ impl Fence {
 /// call this owner dead, and the fence stops the run before then if no beat lands). Otherwise the
 /// recorder writes a heartbeat first.
 pub fn fresh_enough(last_beat: Option<Instant>, now: Instant, ttl: Duration) -> bool {
-    last_beat.is_some_and(|b| now.saturating_duration_since(b) < ttl / 3)
+    !mutation::on(Guard::FreshHeartbeat)
+        || last_beat.is_some_and(|b| now.saturating_duration_since(b) < ttl / 3)
 }
 
 /// What the liveness rules read of a record: its owner, its last write and how it ended.

@@ -12,6 +12,8 @@
 //! and OpenTofu 1.6 to 1.13-dev (source). docs/notes/terraform-facts.md, sections 3, 9b and 12,
 //! has the outputs and the table of wordings by release.
 
+use crate::mutation::{self, Guard};
+
 /// The lock as terraform describes it (statemgr.LockInfo.String()).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockInfo {
@@ -304,10 +306,29 @@ pub fn parse_probe_of(backend: &str, own_lock: Option<&str>, success: bool, outp
         None => None,
     };
     match says {
+        // With the wordings guard off (mutation builds only), the rules before issue 23: 1.0.3's
+        // free wording of each backend alone.
+        Some(Says::Free) if !mutation::on(Guard::Wordings) && !free_in_1_0_3(&answer) => {
+            Probe::Unknown(quote())
+        }
         Some(Says::Free) => Probe::Free,
         Some(Says::HeldUnnamed | Says::Unreadable) => Probe::Unreadable(quote()),
         None => Probe::Unknown(quote()),
     }
+}
+
+/// Whether `answer` is a free lock in terraform 1.0.3's wording (the only one read before issue
+/// 23): for [`Guard::Wordings`] turned off.
+fn free_in_1_0_3(answer: &str) -> bool {
+    [
+        "failed to retrieve lock info: unexpected end of JSON input",
+        "state is already unlocked",
+        "failed to retrieve lock info: blob metadata \"terraformlockid\" was empty",
+        "storage: object doesn't exist",
+        "not found",
+    ]
+    .iter()
+    .any(|m| answer.contains(m))
 }
 
 /// What the message Unlock failed with (`m`, after `Failed to unlock state: `) says, by

@@ -40,6 +40,7 @@ use super::store::{self, Aside, Store};
 use super::who::who_host;
 use super::workspace::data_dir;
 use crate::duration::fmt_duration;
+use crate::mutation::{self, Guard};
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -171,6 +172,9 @@ pub fn live_on_host<'a>(
     mut alive: impl FnMut(&Heartbeat) -> bool,
 ) -> Option<String> {
     let host = who_host(who);
+    if !mutation::on(Guard::LiveOnHost) {
+        return None;
+    }
     beats
         .into_iter()
         .filter(|hb| !hb.host.is_empty() && hb.host == host)
@@ -401,7 +405,7 @@ impl Recovery {
             .collect();
         self.watch(&mut observer, &listed);
         // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
-        let _lock = if self.dry_run {
+        let _lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
             None
         } else {
             Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
@@ -690,7 +694,7 @@ impl Recovery {
         // Right before the unlock, everything again from the volume: the owner's heartbeat (a
         // beat since the probe makes it alive) and the records (a run that started here since,
         // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
-        // nothing launches in this directory while its recovery runs.
+        // no state-locking run of the init starts while its recovery runs.
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
             return Outcome::OwnerAlive;
         }
@@ -768,6 +772,7 @@ impl Recovery {
         let live = || {
             self.live
                 .iter()
+                .filter(|_| mutation::on(Guard::LiveRuns))
                 .filter(|l| l.who == info.who)
                 .filter(|l| {
                     info.created_ms

@@ -16,6 +16,8 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::mutation::{self, Guard};
+
 /// What a run's lock guards, as far as tfinit can tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateOf {
@@ -80,6 +82,9 @@ pub fn may_share(a: &StateOf, b: &StateOf) -> bool {
 /// the backend settings after merging `-backend-config`. Resolves symbolic links. Blocking I/O:
 /// for the recovery helper only.
 pub fn read(workdir: &Path, data_dir: Option<&Path>, workspace: &str) -> StateOf {
+    if let Some(by_text) = by_text(workdir, workspace) {
+        return by_text;
+    }
     let dir = match fs::canonicalize(workdir) {
         Ok(d) => d,
         Err(e) => return StateOf::Unsure(format!("{} cannot be resolved: {e}", workdir.display())),
@@ -113,6 +118,21 @@ pub fn read(workdir: &Path, data_dir: Option<&Path>, workspace: &str) -> StateOf
         Ok(v) => of_backend_file(&v, &dir, workspace),
         Err(e) => StateOf::Unsure(format!("{} is not JSON: {e}", file.display())),
     }
+}
+
+/// With the state identity turned off (mutation builds only: `mutation::Guard::StateIdentity`),
+/// the state as the rules before issue 23 named it: by the working directory's text and the
+/// workspace. None otherwise (always, in every other build).
+pub fn by_text(workdir: &Path, workspace: &str) -> Option<StateOf> {
+    if mutation::on(Guard::StateIdentity) {
+        return None;
+    }
+    let text = workdir.to_string_lossy().into_owned();
+    Some(StateOf::Known(StateKey {
+        backend: "directory".into(),
+        settings: BTreeMap::from([("path", Some(text))]),
+        workspace: workspace.to_string(),
+    }))
 }
 
 /// The state named by a parsed `terraform.tfstate` of a data directory (`v`), for a run in the

@@ -28,6 +28,7 @@ use super::record::{
     age, now_ms, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, FORMAT,
     HEARTBEAT_FORMAT, MAX_FILE,
 };
+use crate::mutation::{self, Guard};
 use std::os::fd::OwnedFd;
 
 /// The file `recover.lock` in the state directory: flock of one recovery at a time.
@@ -122,13 +123,7 @@ pub trait Store: Send {
     /// heartbeat says it held its lock file and names that file's device and inode (a heartbeat
     /// of a tfinit before record format 4 names none: its owner is watched instead).
     fn kernel_proof(&self, me: &Owner, owner: &Owner, hb: Option<&Heartbeat>) -> Option<bool> {
-        let file = hb
-            .filter(|h| h.holds_lock && h.owner.same_incarnation(owner))?
-            .lock_file?;
-        if owner.boot_id.is_empty() || owner.boot_id != me.boot_id {
-            return None;
-        }
-        self.incarnation_gone(owner, file)
+        kernel_proof_with(me, owner, hb, |file| self.incarnation_gone(owner, file))
     }
 
     /// Takes the exclusive right to recover in this store, waiting up to `wait` for another
@@ -154,6 +149,34 @@ pub trait Store: Send {
         }
         out
     }
+}
+
+/// [`Store::kernel_proof`]'s rule, given `gone`, the store's [`Store::incarnation_gone`] for
+/// `owner` (the simulation calls it with its model of the kernel).
+pub fn kernel_proof_with(
+    me: &Owner,
+    owner: &Owner,
+    hb: Option<&Heartbeat>,
+    gone: impl FnOnce(FileId) -> Option<bool>,
+) -> Option<bool> {
+    let hb = hb.filter(|h| h.holds_lock && h.owner.same_incarnation(owner))?;
+    let file = match hb.lock_file {
+        Some(file) => file,
+        // Without the inode check (mutation builds only), whatever file is at the path will do.
+        None if !mutation::on(Guard::LockFileInode) => FileId { dev: 0, ino: 0 },
+        None => return None,
+    };
+    if owner.boot_id.is_empty() || owner.boot_id != me.boot_id {
+        return None;
+    }
+    gone(file)
+}
+
+/// Whether the file found at an incarnation's lock path (`found`, by `fstat` of the descriptor
+/// whose flock is tested) is the one the incarnation locked (`locked`, as its heartbeat names
+/// it): only then does its flock say anything of the incarnation.
+pub fn same_lock_file(found: FileId, locked: FileId) -> bool {
+    found == locked || !mutation::on(Guard::LockFileInode)
 }
 
 /// The store in a directory (TFINIT_STATE_DIR).
@@ -514,7 +537,7 @@ impl Store for FileStore {
         // The very file the incarnation locked, checked on the descriptor we test: while any of
         // its processes holds that file, its inode cannot be freed and reused, so the same device
         // and inode is the same file.
-        if FileId::of(&f).ok()? != file || !local_filesystem(&f) {
+        if !same_lock_file(FileId::of(&f).ok()?, file) || !local_filesystem(&f) {
             return None;
         }
         test_flock(f)

@@ -1,10 +1,11 @@
-//! The init's loop, as far as records and locks go (src/init/records.rs and launch.rs): a
-//! state-locking run's check (wait while the store opens, while a recovery runs in its
-//! directory, while our own end-markings there are on their way; a helper when the book says a
-//! recovery is needed), its record, its launch (refused while the fence is up), the book's
-//! timers and fence, and what happens when terraform ends. Also terraform itself (takes the
-//! backend lock, works, releases it; SIGTERM and SIGKILL) and the life of pods and containers.
-//! Under `Rules::Legacy` the book is the old one and nothing serialises recoveries per directory.
+//! The init's loop, as far as records and locks go (src/init/records.rs and runs/launch.rs): a
+//! state-locking run's check (wait while the store opens, while a recovery of this init runs,
+//! while our own end-markings in its directory are on their way; a helper when the book says a
+//! recovery is needed), its record, its launch (refused while the fence is up, or as the book
+//! says), the book's timers and fence, and what happens when terraform ends. Also terraform
+//! itself (takes the lock of its directory's state, waits for it, works, releases it; SIGTERM and
+//! SIGKILL), `tfinit recover` by hand, a restore of `owners/`, and the life of pods and
+//! containers. Under `Rules::Legacy` the book is the old one and nothing serialises recoveries.
 
 use std::time::Instant;
 
@@ -16,10 +17,12 @@ use tfinit::locks::recorder::{Request, WriteError};
 use tfinit::locks::recover::CLOCK_SKEW;
 use tfinit::locks::who::who_host;
 
+use super::helper::dir_of;
 use super::legacy;
 use super::world::{
-    workdir_path, workspace_name, BookSide, Comp, EnvEv, Ev, Helper, Inc, Job, Life, Lock, LoopEv,
-    Obligation, PState, Proc, RecQueue, Rules, Run, Spawn, World, CALM_OP_MAX,
+    workdir_path, workspace_name, BookSide, Comp, EnvEv, Ev, Helper, Inc, Job, Life, Lock,
+    LockFile, LoopEv, Obligation, PState, Proc, RecQueue, Rules, Run, Spawn, Stored, World,
+    CALM_OP_MAX,
 };
 
 /// The helper's probe and unlock take at most this long (helper.rs).
@@ -99,7 +102,7 @@ impl World {
             .runs
             .iter()
             .filter(|(_, r)| matches!(r.life, Life::Awaiting { deadline } if deadline <= now))
-            .filter(|(_, r)| !self.recovering_in(inc, r.workdir))
+            .filter(|_| !self.recovering(inc))
             .map(|(k, _)| *k)
             .collect();
         for k in expired {
@@ -148,13 +151,14 @@ impl World {
         self.resume_awaiting(inc);
     }
 
-    /// Whether a recovery helper runs in `workdir` (today's rule; the old init had none).
-    fn recovering_in(&self, inc: usize, workdir: u8) -> bool {
+    /// Whether a recovery helper of this init runs (runs/mod.rs `recovering`: no state-locking
+    /// run starts meanwhile, in any directory; the old init had no such rule).
+    fn recovering(&self, inc: usize) -> bool {
         self.cfg.rules == Rules::New
             && self.incs[inc]
                 .runs
                 .values()
-                .any(|r| r.workdir == workdir && matches!(r.life, Life::Recovering { .. }))
+                .any(|r| matches!(r.life, Life::Recovering { .. }))
     }
 
     fn resume_awaiting(&mut self, inc: usize) {
@@ -169,7 +173,7 @@ impl World {
                     BookSide::New(b) => (b.opening(), b.may_recover(&path)),
                     BookSide::Old(b) => (b.opening(), b.may_recover(&path)),
                 };
-                !opening && may && !self.recovering_in(inc, r.workdir)
+                !opening && may && !self.recovering(inc)
             })
             .map(|(k, _)| *k)
             .collect();
@@ -219,7 +223,7 @@ impl World {
             BookSide::New(b) => b.opening(),
             BookSide::Old(b) => b.opening(),
         };
-        if opening || self.recovering_in(inc, run.workdir) {
+        if opening || self.recovering(inc) {
             run.life = Life::Awaiting { deadline };
             self.incs[inc].runs.insert(k, run);
             return;
@@ -246,9 +250,14 @@ impl World {
         };
         let h = self.helpers.len();
         let task = self.spawn(Spawn::Helper(h), None);
+        let i = &self.incs[inc];
         self.helpers.push(Helper {
-            inc,
-            workdir: run.workdir,
+            init: Some(inc),
+            node: i.node,
+            me: i.owner.clone(),
+            ttl: i.ttl,
+            tf: self.pods[i.pod].tf,
+            workdir: Some(run.workdir),
             task,
             alive: true,
             live,
@@ -307,7 +316,7 @@ impl World {
                     updated_ms: wall,
                     ended: None,
                     needs_person: None,
-                    ttl_ms: Some(self.cfg.ttl),
+                    ttl_ms: Some(self.incs[inc].ttl),
                     data_dir: None,
                 };
                 let id = run.id;
@@ -357,7 +366,7 @@ impl World {
             inc,
             run: run.id,
             workdir: run.workdir,
-            ws: run.ws,
+            key: (self.cfg.dirs[run.workdir as usize].state, run.ws),
             who: format!("@{}", self.incs[inc].host),
             state: PState::Starting,
             gen: 0,
@@ -483,15 +492,15 @@ impl World {
             BookSide::New(b) => b.next_wakeup(),
             BookSide::Old(b) => b.next_wakeup(),
         };
-        // A run whose wait is blocked by a recovery in its directory goes on when that recovery
-        // ends (the helper's exit wakes the loop): the real loop leaves its deadline out of the
-        // epoll timeout (runs::next_wakeup), as here. (It once kept it there and woke every
+        // A run whose wait is blocked by a recovery goes on when that recovery ends (the
+        // helper's exit wakes the loop): the real loop leaves its deadline out of the epoll
+        // timeout (runs::next_wakeup), as here. (It once kept it there and woke every
         // millisecond until then; `spin_ms` counted that and stays 0 now.)
         let waits: Vec<Instant> = self.incs[inc]
             .runs
             .values()
             .filter_map(|r| match r.life {
-                Life::Awaiting { .. } if self.recovering_in(inc, r.workdir) => None,
+                Life::Awaiting { .. } if self.recovering(inc) => None,
                 Life::Awaiting { deadline } => Some(deadline),
                 _ => None,
             })
@@ -552,7 +561,7 @@ impl World {
     }
 
     fn try_lock(&mut self, p: usize, until: u64) {
-        let key = (self.procs[p].workdir, self.procs[p].ws);
+        let key = self.procs[p].key;
         if self.locks.contains_key(&key) {
             if self.now >= until {
                 // "Error acquiring the state lock": exit code 1, nothing to release.
@@ -583,7 +592,7 @@ impl World {
         let (t, gen) = (self.now + pr.work, pr.gen);
         self.log(|| {
             format!(
-                "terraform {p} takes lock {id} in /tf/w{} {}",
+                "terraform {p} takes lock {id} of state s{} {}",
                 key.0,
                 workspace_name(key.1)
             )
@@ -592,7 +601,7 @@ impl World {
     }
 
     fn release(&mut self, p: usize) {
-        let key = (self.procs[p].workdir, self.procs[p].ws);
+        let key = self.procs[p].key;
         if let Some(id) = self.procs[p].lock.take() {
             if self.locks.get(&key).is_some_and(|l| l.id == id) {
                 self.locks.remove(&key);
@@ -658,7 +667,7 @@ impl World {
             nonce: (self.cfg.rules == Rules::New).then_some(self.incs.len() as u32),
         };
         let now = self.mono(node);
-        let ttl = self.cfg.ttl_d();
+        let ttl = std::time::Duration::from_millis(self.pods[pod].ttl);
         let rt = std::time::Duration::from_millis(self.cfg.record_timeout);
         let host = self.pods[pod].host.clone();
         let book = match self.cfg.rules {
@@ -687,6 +696,8 @@ impl World {
             key: owner.key(),
             owner,
             host,
+            ttl: self.pods[pod].ttl,
+            lock_ino: None,
             alive: true,
             stopping: false,
             book,
@@ -817,17 +828,68 @@ impl World {
             }
             EnvEv::Oom(pod) => {
                 if let Some(inc) = self.pods[pod].inc {
-                    let victim = self
-                        .procs
-                        .iter()
-                        .position(|p| p.inc == inc && p.state != PState::Dead);
-                    if let Some(p) = victim {
+                    // Any of its terraform processes, one waiting for its lock as well.
+                    let live: Vec<usize> = (0..self.procs.len())
+                        .filter(|p| {
+                            self.procs[*p].inc == inc && self.procs[*p].state != PState::Dead
+                        })
+                        .collect();
+                    if !live.is_empty() {
+                        let p = live[self.rng.pick(live.len())];
                         self.sigkill(p);
                     }
                 }
             }
+            EnvEv::ManualRecover { pod, ttl } => self.manual_recover(pod, ttl),
+            EnvEv::RestoreOwners => {
+                for f in self.store.lock_files.values_mut() {
+                    self.store.next_ino += 1;
+                    *f = LockFile {
+                        ino: self.store.next_ino,
+                        holder: None,
+                    };
+                }
+                self.log(|| {
+                    "owners/ restored from a backup: every lock file is a new, free copy".into()
+                });
+            }
             EnvEv::Note(_) => {}
         }
+    }
+
+    /// `tfinit recover` by hand in pod `pod`'s container, with TFINIT_OWNER_TTL `ttl`: a new
+    /// incarnation of the pod's owner name (client/control.rs `recover_all`), every record, no
+    /// watches of the init's, no live runs.
+    fn manual_recover(&mut self, pod: usize, ttl: u64) {
+        let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) else {
+            return;
+        };
+        let node = self.incs[inc].node;
+        let me = Owner {
+            name: self.pods[pod].owner_name.clone(),
+            boot_id: self.nodes[node].boot.clone(),
+            started_ms: self.wall(node),
+            pid: 4242,
+            pod_uid: None,
+            nonce: Some(1_000_000 + self.helpers.len() as u32),
+        };
+        let h = self.helpers.len();
+        let task = self.spawn(Spawn::Helper(h), None);
+        self.helpers.push(Helper {
+            init: None,
+            node,
+            me,
+            ttl,
+            tf: self.pods[pod].tf,
+            workdir: None,
+            task,
+            alive: true,
+            live: Vec::new(),
+            started: self.now,
+        });
+        self.stats.helpers += 1;
+        self.incs[inc].helpers.push(h);
+        self.log(|| format!("tfinit recover by hand in pod {pod} (TTL {ttl} ms): helper {h}"));
     }
 
     /// The live, accepting incarnation of `pod`, else of any pod.
@@ -873,7 +935,9 @@ impl World {
     // Progress.
 
     /// A calm-phase run asked for in `workdir`/`ws` by incarnation `inc`, a live observer with a
-    /// working volume: every lock there of a dead run that a record names is owed.
+    /// working volume: every lock of that directory's state held by a dead run that a record in
+    /// the directory names is owed; and when that lock is free, every record there of a dead run
+    /// (its removal: a freed lock's record must not stay for good, issue 23 finding 4).
     fn owe(&mut self, inc: usize, workdir: u8, ws: u8) {
         let open = match &self.incs[inc].book {
             BookSide::New(b) => b.state() == tfinit::locks::book::StoreState::Open,
@@ -882,94 +946,161 @@ impl World {
         if !open {
             return;
         }
-        let Some(lock) = self.locks.get(&(workdir, ws)).cloned() else {
-            return;
+        let dirs = self.cfg.dirs.clone();
+        let key = (dirs[workdir as usize].state, ws);
+        // The records the helper of `workdir` recovers (recover.rs `same_dir`): this directory's,
+        // by its text or once symbolic links are resolved.
+        let covered = |rec: &Record| {
+            dir_of(&rec.workdir).is_some_and(|d| {
+                d == workdir || dirs[d as usize].real == dirs[workdir as usize].real
+            }) && rec.workspace == workspace_name(ws)
         };
-        let p = &self.procs[lock.holder];
-        if p.state != PState::Dead || self.obligations.iter().any(|o| o.lock == lock.id) {
-            return;
-        }
-        let owner_inc = p.inc;
-        let Some(stored) = self
-            .store
-            .records
-            .values()
-            .find(|s| s.inc == owner_inc && s.rec.run_id == p.run.to_string())
-            .cloned()
-        else {
-            // No record names it (it started without one): nobody may release it.
-            return;
+        // Every TTL an owner may be judged by is at most the longest of the pods'.
+        let longest = self
+            .pods
+            .iter()
+            .map(|p| p.ttl)
+            .max()
+            .unwrap_or(self.cfg.ttl);
+        let drift = |t: u64| t * 2 * self.cfg.max_ppm as u64 / 1_000_000;
+        // An owner that died this long ago has been seen stop by any observer: a full TTL of
+        // watching (on a clock up to max_ppm slow) after the last rescan that could show a
+        // change.
+        let seen_stop = longest + longest / 3 + drift(longest) + 1_000;
+        let now = self.now;
+        let dead = |w: &World, s: &Stored| {
+            s.rec.ended.is_some() || w.incs[s.inc].died_at.is_some_and(|d| d + seen_stop <= now)
         };
-        if stored.rec.ended.is_none() {
-            // Its owner lives (and has not marked it ended yet), or died too recently for an
-            // observer to have seen its heartbeat stop: a full TTL of watching (on a clock up to
-            // max_ppm slow) after the last rescan that could show a change.
-            let ttl = self.cfg.ttl;
-            let seen_stop = ttl + ttl / 3 + ttl * 2 * self.cfg.max_ppm as u64 / 1_000_000 + 1_000;
-            match self.incs[owner_inc].died_at {
-                Some(d) if d + seen_stop <= self.now => {}
-                _ => return,
+        // A tfinit other than the asking one that lives (or died too recently to have been
+        // watched dead) on the host a Who names: its runs lock as that Who, recorded or not, so
+        // a lock with that Who is left alone by design (recover.rs `live_on_host`).
+        let neighbour = |w: &World, who: &str| {
+            let host = who_host(who);
+            w.incs.iter().enumerate().any(|(j, i)| {
+                j != inc
+                    && i.host == host
+                    && (i.alive || i.died_at.is_some_and(|d| d + seen_stop > now))
+            })
+        };
+        // A record of a run that may be alive, with the Who `who`, on a state that may be
+        // `state`'s (recover.rs `window`'s twin): the lock is left alone by design.
+        let twin_record = |w: &World, who: &str, except: u64, rec: &Record| {
+            let state = w.state_of(&rec.workdir, &rec.workspace);
+            w.store.records.iter().any(|(id, s)| {
+                *id != except
+                    && s.rec.who == who
+                    && !dead(w, s)
+                    && tfinit::locks::state::may_share(
+                        &state,
+                        &w.state_of(&s.rec.workdir, &s.rec.workspace),
+                    )
+            })
+        };
+        let lock = self.locks.get(&key).cloned();
+        let mut owed: Vec<(Option<u64>, u64, String)> = Vec::new();
+        if let Some(lock) = lock {
+            let p = &self.procs[lock.holder];
+            if p.state != PState::Dead || self.obligations.iter().any(|o| o.lock == Some(lock.id)) {
+                return;
+            }
+            let owner_inc = p.inc;
+            let Some((&id, stored)) = self
+                .store
+                .records
+                .iter()
+                .find(|(_, s)| s.inc == owner_inc && s.rec.run_id == p.run.to_string())
+            else {
+                // No record names it (it started without one): nobody may release it.
+                return;
+            };
+            if !covered(&stored.rec) || !dead(self, stored) {
+                // Another directory's request owes it; or its owner lives (and has not marked
+                // it ended yet), or died too recently to have been seen stop.
+                return;
+            }
+            // What decide() will see: a lock created outside the run's life (its node's wall
+            // clock stepped by more than CLOCK_SKEW), or a live run with the same Who on its
+            // state, is left alone by design.
+            let skew = CLOCK_SKEW.as_millis() as u64;
+            let hb = self
+                .store
+                .beat(&stored.rec.owner.key())
+                .map(|b| (*b.hb).clone());
+            let judged = self.incs[inc].ttl.max(self.incs[owner_inc].ttl);
+            let not_after = last_alive_ms(
+                &Facts::of(&stored.rec),
+                hb.as_ref(),
+                std::time::Duration::from_millis(judged),
+            ) + skew;
+            let in_window =
+                lock.created_ms + skew >= stored.rec.started_ms && lock.created_ms <= not_after;
+            let twin = self
+                .procs
+                .iter()
+                .any(|q| q.state != PState::Dead && q.who == lock.who && q.key == key);
+            if !in_window
+                || twin
+                || neighbour(self, &lock.who)
+                || twin_record(self, &lock.who, id, &stored.rec)
+            {
+                self.stats.excused += 1;
+                return;
+            }
+            let text = format!(
+                "run {} of {} (dead) holds it; {} asked for a run in /tf/w{workdir} at {} ms",
+                p.run, self.incs[owner_inc].key, self.incs[inc].key, self.now
+            );
+            owed.push((Some(lock.id), id, text));
+        } else {
+            for (&id, s) in &self.store.records {
+                if !covered(&s.rec)
+                    || !dead(self, s)
+                    || self.obligations.iter().any(|o| o.record == id)
+                {
+                    continue;
+                }
+                // A live run with its Who may take the lock before the probe (then a live run
+                // holds it, in the run's window): left alone by design.
+                let twin = self
+                    .procs
+                    .iter()
+                    .any(|q| q.state != PState::Dead && q.who == s.rec.who && q.key == key);
+                if twin || neighbour(self, &s.rec.who) {
+                    self.stats.excused += 1;
+                    continue;
+                }
+                let text = format!(
+                    "run {} of {} is over and its lock is free; {} asked for a run in /tf/w{workdir} at {} ms",
+                    s.rec.run_id, self.incs[s.inc].key, self.incs[inc].key, self.now
+                );
+                owed.push((None, id, text));
             }
         }
-        // What decide() will see: a lock created outside the run's life (its node's wall clock
-        // stepped by more than CLOCK_SKEW), or a live run here with the same Who, is left alone
-        // by design.
-        let skew = CLOCK_SKEW.as_millis() as u64;
-        let hb = self
-            .store
-            .beat(&stored.rec.owner.key())
-            .map(|b| (*b.hb).clone());
-        let not_after =
-            last_alive_ms(&Facts::of(&stored.rec), hb.as_ref(), self.cfg.ttl_d()) + skew;
-        let in_window =
-            lock.created_ms + skew >= stored.rec.started_ms && lock.created_ms <= not_after;
-        let twin = self.procs.iter().any(|q| {
-            q.state != PState::Dead && q.who == lock.who && q.workdir == workdir && q.ws == ws
-        });
-        // A tfinit other than the asking one that lives (or died too recently to have been
-        // watched dead) on the host the lock's Who names: its runs lock as that Who, recorded or
-        // not, so the lock is left alone by design (recover.rs `live_on_host`).
-        let host = who_host(&lock.who);
-        let ttl = self.cfg.ttl;
-        let seen_stop = ttl + ttl / 3 + ttl * 2 * self.cfg.max_ppm as u64 / 1_000_000 + 1_000;
-        let neighbour = self.incs.iter().enumerate().any(|(j, i)| {
-            j != inc
-                && i.host == host
-                && (i.alive || i.died_at.is_some_and(|d| d + seen_stop > self.now))
-        });
-        if !in_window || twin || neighbour {
-            self.stats.excused += 1;
+        if owed.is_empty() {
             return;
         }
-        // The helper watches for at most a TTL on a clock up to max_ppm fast or slow. Helpers
-        // take recover.lock one at a time, so ours may wait for others to go through every
-        // record on the volume: per record a liveness read, the probe, the window's reads (one
-        // liveness read per twin record), the re-check, the listing, the unlock, the removal.
-        // Plus a rescan's delay, the 500 ms watch step and room for the latencies.
+        // The helper watches for at most the longest TTL on a clock up to max_ppm fast or slow.
+        // Helpers take recover.lock one at a time, so ours may wait for others to go through
+        // every record on the volume: per record a liveness check (a read for the kernel's
+        // proof, one of the heartbeat), the probe, the window's reads (a liveness check per twin
+        // record and per heartbeat on the lock's host), the re-check, the listing, the unlock,
+        // the removal. Plus a rescan's delay, the 500 ms watch step and room for the latencies.
         let n = self.store.records.len() as u64;
-        let ttl = self.cfg.ttl;
-        let watch = ttl + ttl * (2 * self.cfg.max_ppm as u64) / 1_000_000;
-        let per_record = 2 * PROBE_MAX + (10 + 4 * n) * CALM_OP_MAX;
-        let deadline = self.now + watch + n * per_record + self.cfg.ttl / 3 + 1_000;
+        let b = self.store.beats.len() as u64;
+        let watch = longest + drift(longest);
+        let per_record = 2 * PROBE_MAX + (12 + 4 * n + 4 * b) * CALM_OP_MAX;
+        let deadline = self.now + watch + n * per_record + longest / 3 + 1_000;
         self.cfg.end_at = self.cfg.end_at.max(deadline + 1);
-        let text = format!(
-            "run {} of {} (dead) holds it; {} asked for a run there at {} ms",
-            p.run, self.incs[owner_inc].key, self.incs[inc].key, self.now
-        );
-        let record = self
-            .store
-            .records
-            .iter()
-            .find(|(_, s)| s.inc == owner_inc && s.rec.run_id == p.run.to_string())
-            .map_or(0, |(id, _)| *id);
-        self.obligations.push(Obligation {
-            lock: lock.id,
-            record,
-            key: (workdir, ws),
-            since: self.now,
-            deadline,
-            text,
-        });
+        for (lock, record, text) in owed {
+            self.obligations.push(Obligation {
+                lock,
+                record,
+                key,
+                since: self.now,
+                deadline,
+                text,
+            });
+        }
     }
 }
 

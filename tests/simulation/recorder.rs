@@ -10,18 +10,19 @@ use std::time::{Duration, Instant};
 
 use tfinit::locks::liveness::{fresh_enough, Facts};
 use tfinit::locks::names::RunId;
-use tfinit::locks::record::{Heartbeat, Owner, Record};
+use tfinit::locks::record::{FileId, Heartbeat, Owner, Record};
 use tfinit::locks::recorder::{Beat, Completion, Entry, Table, WriteError};
+use tfinit::locks::store::kernel_proof_with;
 
 use super::legacy;
 use super::world::{
-    created, list, record_path, Comp, Ev, Job, LoopEv, Ms, Next, Rules, Sim, Stored, StoredBeat,
-    WaitFor, World,
+    created, list, record_path, Comp, Ev, Job, LockFile, LoopEv, Ms, Next, Rules, Sim, Stored,
+    StoredBeat, WaitFor, World, VOLUME_DEV,
 };
 
 /// The recorder of incarnation `inc`, from the store's opening on.
 pub async fn run(sim: Rc<Sim>, inc: usize) {
-    let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.cfg.ttl_d()));
+    let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.ttl_of(inc)));
     open(&sim, inc, true).await;
     loop {
         let job = sim.with(|w| {
@@ -85,19 +86,30 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
 /// Opens the store (`first`: at start; else a retry of a store that failed): the lock file,
 /// the first heartbeat, the scan; or, when it fails, the records as they can still be listed.
 async fn open(sim: &Rc<Sim>, inc: usize, first: bool) {
-    let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.cfg.ttl_d()));
-    // The lock file first: the first heartbeat says whether it is held. Another live
-    // incarnation with the same key (same name, boot, start millisecond and pid) may hold it.
+    let (rules, node, ttl) = sim.with(|w| (w.cfg.rules, w.incs[inc].node, w.ttl_of(inc)));
+    // The lock file first (store.rs `hold_incarnation_lock`: open or create the file at the path,
+    // flock it, fstat it): the first heartbeat says whether it is held, and which file it is.
+    // Another live incarnation with the same key (same name, boot, start millisecond and pid)
+    // may hold it.
     sim.with(|w| {
-        if rules == Rules::New {
+        if rules == Rules::New && w.incs[inc].lock_ino.is_none() {
             let key = w.incs[inc].key.clone();
-            let taken = w
-                .store
-                .lock_files
-                .get(&key)
-                .is_some_and(|h| w.flock_held(*h, w.now));
+            let found = w.store.lock_files.get(&key).copied();
+            let taken = found.is_some_and(|f| f.holder.is_some_and(|h| w.flock_held(h, w.now)));
             if !taken {
-                w.store.lock_files.insert(key, inc);
+                let ino = found.map_or_else(
+                    || {
+                        w.store.next_ino += 1;
+                        w.store.next_ino
+                    },
+                    |f| f.ino,
+                );
+                let file = LockFile {
+                    ino,
+                    holder: Some(inc),
+                };
+                w.store.lock_files.insert(key, file);
+                w.incs[inc].lock_ino = Some(ino);
             }
             w.incs[inc].holds_lock = !taken;
         }
@@ -231,8 +243,8 @@ async fn beat(sim: &Sim, inc: usize) -> (Instant, Result<(), String>) {
         let node = w.incs[inc].node;
         let wall = w.wall(node);
         let legacy = w.cfg.rules == Rules::Legacy;
-        let ttl_ms = w.cfg.ttl;
         let i = &mut w.incs[inc];
+        let ttl_ms = i.ttl;
         i.seq += 1;
         let hb = Heartbeat {
             v: if legacy { 1 } else { 2 },
@@ -247,8 +259,10 @@ async fn beat(sim: &Sim, inc: usize) -> (Instant, Result<(), String>) {
                 i.host.clone()
             },
             ttl_ms: (!legacy).then_some(ttl_ms),
-            // The model's kernel proof is by incarnation (`World::incarnation_gone`).
-            lock_file: None,
+            lock_file: i.lock_ino.filter(|_| i.holds_lock).map(|ino| FileId {
+                dev: VOLUME_DEV,
+                ino,
+            }),
         };
         // Legacy: one file per owner name, whoever wrote it last.
         let key = if legacy {
@@ -326,13 +340,11 @@ async fn scan(sim: &Sim, inc: usize) -> Table {
                 .beat_at(&key, at)
                 .filter(|b| b.hb.v == 2 && b.hb.owner.same_incarnation(&owner))
                 .map(|b| (*b.hb).clone());
-            let provable = heartbeat.as_ref().is_some_and(|h| h.holds_lock)
-                && !owner.boot_id.is_empty()
-                && owner.boot_id == me.boot_id;
-            match provable
-                .then(|| w.incarnation_gone_at(node, &owner, done))
-                .flatten()
-            {
+            // recorder.rs: the store's `kernel_proof` on the heartbeat just read.
+            let proof = kernel_proof_with(&me, &owner, heartbeat.as_ref(), |file| {
+                w.incarnation_gone_at(node, &owner, file, done)
+            });
+            match proof {
                 Some(true) => gone.push(key),
                 Some(false) => held.push(key),
                 None => {}
@@ -422,7 +434,7 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
         (
             w.cfg.rules,
             w.incs[inc].node,
-            w.cfg.ttl_d(),
+            w.ttl_of(inc),
             w.incs[inc].open,
         )
     });
@@ -454,7 +466,7 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
                 .write(node, move |w| {
                     let stale = w.incs[inc]
                         .beat_landed
-                        .map_or(true, |b| w.now.saturating_sub(b) > w.cfg.ttl);
+                        .map_or(true, |b| w.now.saturating_sub(b) > w.incs[inc].ttl);
                     w.log(|| {
                         format!(
                             "record {id} of {} ({}) lands{}",
@@ -575,15 +587,6 @@ impl World {
             .collect()
     }
 
-    /// [`World::incarnation_gone`] as the kernel would have said at time `t`.
-    pub fn incarnation_gone_at(&self, node: usize, owner: &Owner, t: Ms) -> Option<bool> {
-        let holder = *self.store.lock_files.get(&owner.key())?;
-        if self.incs[holder].node != node {
-            return Some(true);
-        }
-        Some(!self.flock_held(holder, t))
-    }
-
     /// Whether incarnation `inc`'s flock is held at time `t`: by its init or a terraform run.
     pub fn flock_held(&self, inc: usize, t: Ms) -> bool {
         self.incs[inc].died_at.map_or(true, |d| d > t)
@@ -593,11 +596,8 @@ impl World {
                 .any(|p| p.inc == inc && p.started <= t && p.died > t)
     }
 
-    /// What the kernel of `node` says of `owner`'s lock file (`<name>.<incarnation>.lock`): on
-    /// this kernel, whether every process holding its flock (the init that took it and its
-    /// terraform runs) is gone; from another kernel, an answer that proves nothing (it says
-    /// "free": the proof must be refused by its boot-id check, not by luck).
-    pub fn incarnation_gone(&self, node: usize, owner: &Owner) -> Option<bool> {
-        self.incarnation_gone_at(node, owner, self.now)
+    /// Incarnation `inc`'s TTL.
+    pub fn ttl_of(&self, inc: usize) -> Duration {
+        Duration::from_millis(self.incs[inc].ttl)
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::rng::Rng;
 use super::world::{
-    Cfg, EnvEv, Ev, Fault, FaultKind, Freeze, Ms, Node, Pod, PodKind, Rules, World,
+    Cfg, Dir, EnvEv, Ev, Fault, FaultKind, Freeze, Ms, Node, Pod, PodKind, Rules, Tf, World,
 };
 
 /// Options of a batch of schedules.
@@ -15,12 +15,16 @@ use super::world::{
 pub struct Opts {
     /// Decision rules.
     pub rules: Rules,
+    /// The safety guard turned off (the mutation check), if any.
+    pub off: Option<tfinit::mutation::Guard>,
     /// How many TTLs of trouble (a range is drawn up to this).
     pub max_ttls: u64,
     /// The helper's watch, in TTLs (1; 2 in the progress check's negative test).
     pub helper_ttl_factor: u32,
     /// Whether schedules end with a calm phase that checks progress (half of them).
     pub progress: bool,
+    /// Whether a helper's dead verdict is checked (world::Cfg::dead_verdicts).
+    pub dead_verdicts: bool,
     /// Which trouble to favour (the searches for issue 18's findings in the old rules).
     pub focus: Focus,
     /// Largest rate difference of a node's monotonic clock (ppm, each way).
@@ -45,6 +49,25 @@ pub enum Focus {
     /// Writes that land but report an error, then a mount that fails writes (Deployment pods,
     /// clocks in agreement).
     LostReply,
+    /// Issue 23 finding 1: pods with TTLs of their own (a rolling update raising or lowering
+    /// it) and `tfinit recover` by hand with another TTL; a healthy volume, clocks in agreement.
+    OwnersTtl,
+    /// Finding 2: several directories per state (a symbolic link, two backends naming one
+    /// key), runs waiting for their lock and OOM kills; a healthy volume.
+    Aliases,
+    /// Finding 3: `owners/` restored from a backup under live owners, every pod on one node
+    /// (the kernel's proof holds only there), `tfinit recover` by hand; a healthy volume.
+    Restore,
+    /// Finding 4: terraform 1.11 everywhere, the progress check on.
+    Wording,
+    /// An incarnation other pods cannot see: its node's mount hangs or fails writes from its
+    /// container's restart on (no heartbeat lands), while an earlier container's record with its
+    /// Who is on the volume (what `Launch::Unseen` and `Launch::Shadowed` are for).
+    Invisible,
+    /// Many requests in one directory of three pods, OOM kills that leave locks with ended
+    /// records (recovered at once, by several pods' helpers): two recoveries at the same lock
+    /// (what `recover.lock` is for).
+    Crowd,
 }
 
 /// Builds the world of `seed`.
@@ -75,6 +98,16 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         3 => PodKind::HostNetwork,
         _ => PodKind::FixedOwner,
     };
+    // Issue 23's knobs (today's rules only: the old code had none of this).
+    let new = o.rules == Rules::New;
+    let mut aliases = new && r.chance(400);
+    let mut ttls = new && r.chance(400);
+    let mut manual = new && r.chance(250);
+    let mut restores = new && r.chance(150);
+    let mut ooms = ooms;
+    let mut one_node = false;
+    let mut progress_forced = false;
+    let mut tf_mode = if new { r.below(3) } else { 0 };
     match o.focus {
         Focus::None => {}
         Focus::Skew => {
@@ -99,18 +132,93 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             (skew, steps, vol_faults, node_faults) = (false, false, false, false);
             (restarts, unknown, replacements, naming) = (true, true, false, PodKind::Deployment);
         }
+        Focus::OwnersTtl => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (ttls, manual, replacements) = (true, true, true);
+        }
+        Focus::Aliases => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (aliases, ooms) = (true, true);
+        }
+        Focus::Restore => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restores, manual, one_node) = (true, true, true);
+        }
+        Focus::Wording => {
+            (tf_mode, progress_forced) = (1, true);
+        }
+        Focus::Crowd => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restarts, replacements, naming, ooms) = (false, false, PodKind::Deployment, true);
+        }
+        Focus::Invisible => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, false);
+            (restarts, replacements, naming, manual) = (true, false, PodKind::Deployment, true);
+        }
     }
-    let progress = o.progress && o.rules == Rules::New && r.chance(500);
+    let progress = o.progress && new && (progress_forced || r.chance(500));
+    // Working directories: with aliases, a later one may be a symbolic link to an earlier one
+    // or name the same backend key; and one's key may come from the environment.
+    let n_dirs = match (aliases, o.focus) {
+        (_, Focus::Crowd) => 1,
+        (true, _) => r.range(2, 3) as u8,
+        (false, _) => r.range(1, 2) as u8,
+    };
+    let mut dirs: Vec<Dir> = Vec::new();
+    for d in 0..n_dirs {
+        let mut dir = Dir {
+            real: d,
+            state: d,
+            key_from_env: false,
+        };
+        if d > 0 && aliases && (d == 1 || r.chance(500)) {
+            let target = dirs[r.pick(d as usize)];
+            dir.state = target.state;
+            if r.chance(500) {
+                dir.real = target.real;
+            }
+        }
+        dir.key_from_env = aliases && r.chance(100);
+        dirs.push(dir);
+    }
+    // Each pod's TTL: the schedule's (the shortest), or longer.
+    let base_ttl = ttl;
+    let pod_ttl = move |r: &mut Rng| -> Ms {
+        if !ttls {
+            return base_ttl;
+        }
+        match r.below(20) {
+            0..=10 => base_ttl,
+            11..=16 => 2 * base_ttl,
+            _ if base_ttl >= 30_000 => 2 * base_ttl,
+            _ => 4 * base_ttl,
+        }
+    };
+    let mixed_tf = tf_mode == 2;
+    let cluster_tf = if tf_mode == 1 { Tf::V1_11 } else { Tf::V1_0_3 };
+    let pod_tf = move |r: &mut Rng| -> Tf {
+        match (mixed_tf, r.chance(500)) {
+            (true, true) => Tf::V1_11,
+            (true, false) => Tf::V1_0_3,
+            (false, _) => cluster_tf,
+        }
+    };
     let cfg = Cfg {
         rules: o.rules,
         ttl,
         record_timeout: r.range(ttl / 3, ttl),
-        workdirs: r.range(1, 2) as u8,
-        workspaces: if r.chance(200) { 2 } else { 1 },
+        workdirs: n_dirs,
+        dirs,
+        workspaces: if r.chance(200) && o.focus != Focus::Crowd {
+            2
+        } else {
+            1
+        },
         probe_unknown: if unknown { 200 } else { 0 },
         calm_at: horizon,
         end_at: horizon + ttl,
         progress,
+        dead_verdicts: o.dead_verdicts,
         helper_ttl_factor: o.helper_ttl_factor,
         max_ppm,
     };
@@ -136,10 +244,14 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         });
     }
     let mut env: Vec<(Ms, EnvEv)> = Vec::new();
-    let n_pods = r.range(2, 3) as usize;
+    let n_pods = if o.focus == Focus::Crowd {
+        3
+    } else {
+        r.range(2, 3) as usize
+    };
     for i in 0..n_pods {
         // hostNetwork pods crowd node 0, where they share the hostname.
-        let node = if naming == PodKind::HostNetwork && r.chance(700) {
+        let node = if one_node || (naming == PodKind::HostNetwork && r.chance(700)) {
             0
         } else {
             r.pick(n_nodes)
@@ -149,15 +261,18 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         } else {
             PodKind::Deployment
         };
-        let p = add_pod(&mut w, kind, node, None);
+        let (pt, tf) = (pod_ttl(&mut r), pod_tf(&mut r));
+        let p = add_pod(&mut w, kind, node, None, pt, tf);
         env.push((r.range(0, ttl / 2), EnvEv::StartPod(p)));
     }
     if replacements {
         for _ in 0..r.range(1, 2) {
             let old = r.pick(n_pods);
             let kind = w.pods[old].kind;
-            let node = r.pick(n_nodes);
-            let new = add_pod(&mut w, kind, node, Some(old));
+            let node = if one_node { 0 } else { r.pick(n_nodes) };
+            // A rolling update may change TFINIT_OWNER_TTL (either way) and terraform.
+            let (pt, tf) = (pod_ttl(&mut r), pod_tf(&mut r));
+            let new = add_pod(&mut w, kind, node, Some(old), pt, tf);
             // Everything, grace periods included, is over before the calm phase.
             let grace = r.range(ttl / 10, 2 * ttl);
             let t = r.range(ttl, horizon - grace);
@@ -179,7 +294,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let n_req = (horizon / (ttl / 2)).max(2);
+    let n_req = (horizon / (ttl / 2)).max(2) * if o.focus == Focus::Crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
         let workdir = r.below(w.cfg.workdirs as u64) as u8;
@@ -194,18 +309,52 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     if restarts {
         for _ in 0..r.range(1, 3) {
             let pod = r.pick(pods_now);
+            let t = r.range(ttl / 2, horizon);
             env.push((
-                r.range(ttl / 2, horizon),
+                t,
                 EnvEv::Restart {
                     pod,
                     after: r.range(100, 3_000),
                 },
             ));
+            if o.focus == Focus::Invisible {
+                let kind = if r.chance(500) {
+                    FaultKind::Hang
+                } else {
+                    FaultKind::FailWrites
+                };
+                w.faults.push(Fault {
+                    from: t,
+                    to: (t + r.range(ttl, 3 * ttl)).min(horizon),
+                    kind,
+                    node: Some(w.pods[pod].node),
+                });
+            }
         }
     }
     if ooms {
         for _ in 0..r.range(1, 3) {
             env.push((r.range(ttl / 2, horizon), EnvEv::Oom(r.pick(pods_now))));
+        }
+    }
+    if manual {
+        for _ in 0..r.range(1, 2) {
+            // A person's `tfinit recover`, with the default TTL or the pod's environment's.
+            let ttl = match r.below(3) {
+                0 => 30_000,
+                1 => 1_000,
+                _ => ttl,
+            };
+            let pod = r.pick(pods_now);
+            env.push((
+                r.range(ttl.min(horizon) / 2, horizon),
+                EnvEv::ManualRecover { pod, ttl },
+            ));
+        }
+    }
+    if restores {
+        for _ in 0..r.range(1, 2) {
+            env.push((r.range(ttl / 2, horizon), EnvEv::RestoreOwners));
         }
     }
     let fault = |w: &mut World, r: &mut Rng, node: Option<usize>| {
@@ -256,7 +405,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         // A fresh observer on a healthy volume. Every owner that died did so before the calm
         // phase: after 3/2 TTL it asks for a run in every directory and workspace at once.
         let node = r.pick(n_nodes);
-        let obs = add_pod(&mut w, PodKind::Deployment, node, None);
+        let (pt, tf) = (pod_ttl(&mut r), pod_tf(&mut r));
+        let obs = add_pod(&mut w, PodKind::Deployment, node, None, pt, tf);
         env.push((horizon, EnvEv::StartPod(obs)));
         let t = horizon + 3 * ttl / 2 + 2_000;
         for workdir in 0..w.cfg.workdirs {
@@ -375,8 +525,16 @@ pub fn items(seed: u64, o: &Opts, anchor: Instant) -> Vec<Item> {
 /// The parts left out of a schedule.
 pub type Mask = std::collections::BTreeSet<Item>;
 
-/// A new pod of `kind` on `node` (`like`: the pod a StatefulSet replacement takes the name of).
-fn add_pod(w: &mut World, kind: PodKind, node: usize, like: Option<usize>) -> usize {
+/// A new pod of `kind` on `node` (`like`: the pod a StatefulSet replacement takes the name of),
+/// with TFINIT_OWNER_TTL `ttl` and terraform `tf`.
+fn add_pod(
+    w: &mut World,
+    kind: PodKind,
+    node: usize,
+    like: Option<usize>,
+    ttl: Ms,
+    tf: Tf,
+) -> usize {
     let k = w.pods.len();
     let (name, host, owner) = match (kind, like) {
         (PodKind::StatefulSet, Some(old)) => {
@@ -402,6 +560,8 @@ fn add_pod(w: &mut World, kind: PodKind, node: usize, like: Option<usize>) -> us
         kind,
         inc: None,
         gone: false,
+        ttl,
+        tf,
     });
     k
 }
@@ -415,6 +575,23 @@ pub fn describe(w: &World) -> String {
         "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}",
         c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress
     );
+    for (i, d) in c.dirs.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "/tf/w{i}: {}state s{}{}",
+            if d.real as usize != i {
+                format!("a symbolic link to /tf/w{}, ", d.real)
+            } else {
+                String::new()
+            },
+            d.state,
+            if d.key_from_env {
+                ", backend key from the environment"
+            } else {
+                ""
+            }
+        );
+    }
     for (i, n) in w.nodes.iter().enumerate() {
         let _ = writeln!(
             s,
@@ -427,8 +604,8 @@ pub fn describe(w: &World) -> String {
     for (i, p) in w.pods.iter().enumerate() {
         let _ = writeln!(
             s,
-            "pod {i}: {} ({:?}) on node{}, hostname {}, owner {}",
-            p.name, p.kind, p.node, p.host, p.owner_name
+            "pod {i}: {} ({:?}) on node{}, hostname {}, owner {}, TTL {} ms, terraform {:?}",
+            p.name, p.kind, p.node, p.host, p.owner_name, p.ttl, p.tf
         );
     }
     for (t, e) in &w.env {

@@ -46,12 +46,15 @@ pub enum Rules {
 pub struct Cfg {
     /// Decision rules.
     pub rules: Rules,
-    /// TFINIT_OWNER_TTL.
+    /// The schedule's TTL: the shortest TFINIT_OWNER_TTL of its pods (each pod has its own,
+    /// `Pod::ttl`), the unit of its trouble's lengths.
     pub ttl: Ms,
     /// TFINIT_RECORD_TIMEOUT.
     pub record_timeout: Ms,
     /// How many working directories (`/tf/w0`..).
     pub workdirs: u8,
+    /// Each working directory: where its path leads, which state its backend names.
+    pub dirs: Vec<Dir>,
     /// How many workspaces per directory.
     pub workspaces: u8,
     /// Probes that cannot tell (network error), per mille, before the calm phase.
@@ -62,17 +65,37 @@ pub struct Cfg {
     pub end_at: Ms,
     /// Whether progress is checked (calm-phase requests create obligations).
     pub progress: bool,
+    /// Whether a helper's dead verdict is checked against the owner's recorded runs (off in the
+    /// searches for a finding, which go on to the force-unlock the wrong verdict leads to).
+    pub dead_verdicts: bool,
     /// The helper watches for this many TTLs (1; 2 only in the test that shows progress can fail).
     pub helper_ttl_factor: u32,
     /// Largest rate difference of a node's monotonic clock, ppm.
     pub max_ppm: i64,
 }
 
-impl Cfg {
-    /// The TTL as a Duration.
-    pub fn ttl_d(&self) -> Duration {
-        Duration::from_millis(self.ttl)
-    }
+/// A working directory `/tf/w<n>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dir {
+    /// The directory its path resolves to: itself, or the target of the symbolic link it is.
+    pub real: u8,
+    /// The state its backend names (with a workspace, the key of terraform's lock table): two
+    /// directories whose backends name one key lock one state.
+    pub state: u8,
+    /// Its backend's `key` comes from the environment (terraform stored none in
+    /// `.terraform/terraform.tfstate`): tfinit cannot tell its state from another of the bucket.
+    pub key_from_env: bool,
+}
+
+/// The terraform a pod runs, by the wording of its messages (lockinfo reads them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tf {
+    /// terraform 1.0.3 (the panicwrap shape; its free s3 lock: `failed to retrieve lock info:
+    /// unexpected end of JSON input`).
+    V1_0_3,
+    /// terraform 1.11 (its free s3 lock names the id it was given: `failed to retrieve lock
+    /// info for lock ID "<id>": unexpected end of JSON input`).
+    V1_11,
 }
 
 /// A node: a kernel with its boot id and clocks, and its mount of the state volume.
@@ -196,6 +219,10 @@ pub struct Pod {
     pub inc: Option<usize>,
     /// Deleted or killed for good.
     pub gone: bool,
+    /// Its TFINIT_OWNER_TTL (a rolling update may give its replacement another).
+    pub ttl: Ms,
+    /// Its terraform.
+    pub tf: Tf,
 }
 
 /// A record on the volume, with what the simulation knows of it.
@@ -247,10 +274,24 @@ pub struct Store {
     pub recover_holder: Option<usize>,
     /// Helpers waiting for it, in order.
     pub recover_queue: VecDeque<usize>,
-    /// Incarnation lock files (`<name>.<incarnation>.lock`, by key) and the incarnation whose
-    /// flock is on each (inherited by its terraform runs).
-    pub lock_files: BTreeMap<String, usize>,
+    /// Incarnation lock files (`<name>.<incarnation>.lock`, by key), as they are at that path.
+    pub lock_files: BTreeMap<String, LockFile>,
+    /// The next inode a new file gets.
+    pub next_ino: u64,
 }
+
+/// A lock file at an incarnation's path.
+#[derive(Debug, Clone, Copy)]
+pub struct LockFile {
+    /// Its inode (the device is the volume's, 1).
+    pub ino: u64,
+    /// The incarnation whose flock is on it (inherited by its terraform runs); None for a file
+    /// that replaced it at the path (a restore of `owners/` from a backup), which nobody locked.
+    pub holder: Option<usize>,
+}
+
+/// The volume's device number, in every FileId of the model.
+pub const VOLUME_DEV: u64 = 1;
 
 /// The path of record `id`.
 pub fn record_path(id: u64) -> std::path::PathBuf {
@@ -284,6 +325,9 @@ pub struct Lock {
     pub holder: usize,
 }
 
+/// The key of terraform's lock table: (state, workspace).
+pub type LockKey = (u8, u8);
+
 /// A terraform process's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PState {
@@ -311,8 +355,8 @@ pub struct Proc {
     pub run: RunId,
     /// Where.
     pub workdir: u8,
-    /// Which workspace.
-    pub ws: u8,
+    /// The lock it takes: its directory's state, its workspace.
+    pub key: LockKey,
     /// Its Who.
     pub who: String,
     /// Life.
@@ -496,6 +540,10 @@ pub struct Inc {
     pub key: String,
     /// Its hostname.
     pub host: String,
+    /// Its TFINIT_OWNER_TTL (its pod's).
+    pub ttl: Ms,
+    /// The inode of the lock file it took (None: not taken).
+    pub lock_ino: Option<u64>,
     /// PID 1 alive.
     pub alive: bool,
     /// SIGTERMed: refuses runs, stops them, exits when they are gone.
@@ -541,13 +589,21 @@ pub struct Inc {
     pub rec_idle: bool,
 }
 
-/// A recovery helper process.
+/// A recovery helper process: an init's `__recover`, or `tfinit recover` run by hand.
 #[derive(Debug, Clone)]
 pub struct Helper {
-    /// Its init.
-    pub inc: usize,
-    /// The directory it recovers.
-    pub workdir: u8,
+    /// Its init; None for `tfinit recover` run by hand (from a shell in a pod's container).
+    pub init: Option<usize>,
+    /// Its node.
+    pub node: usize,
+    /// Who it is (its init; by hand, a new incarnation of the pod's owner name).
+    pub me: Owner,
+    /// Its TFINIT_OWNER_TTL (its own, whatever the owners it judges have).
+    pub ttl: Ms,
+    /// The terraform it probes and unlocks with.
+    pub tf: Tf,
+    /// The directory it recovers; None: every record (`tfinit recover`).
+    pub workdir: Option<u8>,
     /// Its task.
     pub task: TaskId,
     /// Alive.
@@ -597,8 +653,20 @@ pub enum EnvEv {
         /// terminationGracePeriodSeconds.
         grace: Ms,
     },
-    /// The OOM killer SIGKILLs one terraform of the pod (its init lives on).
+    /// The OOM killer SIGKILLs one terraform of the pod (its init lives on), one that waits for
+    /// its lock (`-lock-timeout`) as well as one that holds it.
     Oom(usize),
+    /// A person runs `tfinit recover` in the pod's container with TFINIT_OWNER_TTL `ttl` (the
+    /// default, or nothing of the pod's environment).
+    ManualRecover {
+        /// The pod.
+        pod: usize,
+        /// Its TTL.
+        ttl: Ms,
+    },
+    /// `owners/` is restored from a backup: every incarnation lock file is replaced by a copy (a
+    /// new inode, flocked by nobody) while its holders keep the old one.
+    RestoreOwners,
     /// A fault, a freeze, a clock step or the calm phase, listed for the replay.
     Note(String),
 }
@@ -628,6 +696,20 @@ pub enum Cause {
     /// The run's record landed but its create reported an error: its owner's book counted the
     /// run as unrecorded and its fence never stopped it.
     LandedButFailed,
+    /// Issue 23 finding 1: the owner was judged by an observer's TTL shorter than its own, by
+    /// which it beats and fences.
+    OwnersTtl,
+    /// Finding 2: a live run with the same Who on the same state, in another directory (a
+    /// symbolic link, or a backend naming the same key).
+    SameState,
+    /// Finding 3: a free flock on a file that replaced the owner's lock file at its path.
+    ReplacedLockFile,
+    /// terraform's force-unlock compared the dead run's lock id, then its unconditional delete
+    /// removed a live run's lock taken meanwhile (two recoveries at once: `recover.lock`).
+    UnlockRace,
+    /// A live run of the helper's own init, started before the helper (so in the live runs the
+    /// init handed it), with the record's Who, that no record names.
+    InitsLiveRun,
     /// Anything else.
     Other,
 }
@@ -664,15 +746,16 @@ pub struct Violation {
     pub sig: String,
 }
 
-/// A progress obligation: this lock must be gone by `deadline`.
+/// A progress obligation: this lock (or, for a dead run's record whose lock is free, this
+/// record) must be gone by `deadline`.
 #[derive(Debug, Clone)]
 pub struct Obligation {
-    /// The lock.
-    pub lock: u64,
+    /// The lock; None: the record is owed.
+    pub lock: Option<u64>,
     /// The record that names its run.
     pub record: u64,
     /// Its key.
-    pub key: (u8, u8),
+    pub key: LockKey,
     /// Created at.
     pub since: Ms,
     /// Due.
@@ -695,7 +778,7 @@ pub struct Stats {
     /// Dead locks not owed (wall step beyond CLOCK_SKEW, or a live same-Who run there).
     pub excused: u64,
     /// Time the real loop would spin on a 1 ms epoll timeout (an expired wait blocked by a
-    /// recovery in its directory), simulated ms.
+    /// recovery), simulated ms.
     pub spin_ms: u64,
     /// Loop wake-ups for a book timer still due right after `tick` (should be 0).
     pub past_timers: u64,
@@ -778,8 +861,8 @@ pub struct World {
     pub helpers: Vec<Helper>,
     /// The state volume.
     pub store: Store,
-    /// terraform's backend locks, by (workdir, workspace).
-    pub locks: BTreeMap<(u8, u8), Lock>,
+    /// terraform's backend locks, by (state, workspace).
+    pub locks: BTreeMap<LockKey, Lock>,
     /// Next lock id.
     pub next_lock: u64,
     /// Next record id.
@@ -1027,12 +1110,15 @@ impl World {
             .collect()
     }
 
-    /// An observer (`who` says which) calls incarnation `owner` dead after a read that started
-    /// at `read_start` showed its heartbeat unchanged: none of its runs whose record was on the
+    /// An observer (`who` says which, `ttl` its own TTL) calls incarnation `owner` dead after a
+    /// read that started at `read_start` showed its heartbeat unchanged: none of its runs whose record was on the
     /// volume then was alive then (the owner's fence stopped them before any observer may
     /// decide). The verdict says nothing of runs recorded later: the owner may come back, and
     /// the re-check before an unlock reads again.
-    pub fn check_dead_verdict(&mut self, who: &str, owner: &Owner, read_start: Ms) {
+    pub fn check_dead_verdict(&mut self, who: &str, ttl: Ms, owner: &Owner, read_start: Ms) {
+        if !self.cfg.dead_verdicts {
+            return;
+        }
         let Some(inc) = self
             .incs
             .iter()
@@ -1063,6 +1149,8 @@ impl World {
             );
             self.dead_why = if shared {
                 " (two live incarnations share a key)"
+            } else if self.incs[inc].ttl > ttl {
+                " (judged by a TTL shorter than the owner's)"
             } else if self.create_failed(inc, pr.run) {
                 " (a create that reported an error landed)"
             } else {
@@ -1091,7 +1179,7 @@ impl World {
         for &i in &self.holders {
             let p = &self.procs[i];
             if let Some(id) = p.lock {
-                if self.locks.get(&(p.workdir, p.ws)).map(|l| l.id) != Some(id) {
+                if self.locks.get(&p.key).map(|l| l.id) != Some(id) {
                     let text = format!("process {i} ({}) lost its lock {id}", p.run);
                     self.fail(VKind::Safety(Cause::Other), text);
                     return;
@@ -1100,14 +1188,17 @@ impl World {
         }
         // Progress: every obligation due is met.
         let now = self.now;
-        let locks = &self.locks;
+        let (locks, records) = (&self.locks, &self.store.records);
         let mut met = 0;
         self.obligations.retain(|o| {
-            let held = locks.get(&o.key).is_some_and(|l| l.id == o.lock);
-            if !held {
+            let owed = match o.lock {
+                Some(id) => locks.get(&o.key).is_some_and(|l| l.id == id),
+                None => records.contains_key(&o.record),
+            };
+            if !owed {
                 met += 1;
             }
-            held
+            owed
         });
         self.stats.met += met;
         if let Some(o) = self.obligations.iter().find(|o| now > o.deadline).cloned() {
@@ -1117,15 +1208,22 @@ impl World {
                 .copied()
                 .unwrap_or("no helper looked at it");
             self.progress_why = last;
+            let what = match o.lock {
+                Some(id) => format!(
+                    "lock {id} of state s{} {} still held",
+                    o.key.0,
+                    workspace_name(o.key.1)
+                ),
+                None => format!(
+                    "record {} of a dead run whose lock (state s{} {}) was free still on the volume",
+                    o.record,
+                    o.key.0,
+                    workspace_name(o.key.1)
+                ),
+            };
             let text = format!(
-                "lock {} in /tf/w{} {} still held at {now} ms (last helper outcome for its record {}: {last}); owed since {} ms, due {} ms: {}",
-                o.lock,
-                o.key.0,
-                workspace_name(o.key.1),
-                o.record,
-                o.since,
-                o.deadline,
-                o.text
+                "{what} at {now} ms (last helper outcome for its record {}: {last}); owed since {} ms, due {} ms: {}",
+                o.record, o.since, o.deadline, o.text
             );
             self.fail(VKind::Progress, text);
         }

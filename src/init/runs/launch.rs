@@ -140,10 +140,11 @@ impl Runs {
             // Whether a dead run's record is here is known once the recorder has read the store.
             return self.move_to(id, wait);
         }
-        if self.recovering_in(&workdir) {
-            // One recovery at a time per directory, and nothing launches there while it runs:
-            // it decided with the live runs it was given. This run checks again after it.
-            tracing::info!(run = %id, workdir = %workdir.display(), "a lock recovery runs in this directory: this run waits for it");
+        if self.recovering() {
+            // One recovery at a time, and no state-locking run starts while it runs, in any
+            // directory (another may lock the same state): it decided with the live runs it was
+            // given. This run checks again after it.
+            tracing::info!(run = %id, workdir = %workdir.display(), "a lock recovery runs: this run waits for it");
             return self.move_to(id, wait);
         }
         // The records answer from memory (the recorder's last scan): no storage call here.
@@ -464,8 +465,7 @@ impl Runs {
             .iter()
             .filter_map(|(id, r)| match r.life {
                 Life::AwaitingRecords { deadline, .. }
-                    if records.may_recover(&r.job.workdir)
-                        && !self.recovering_in(&r.job.workdir) =>
+                    if records.may_recover(&r.job.workdir) && !self.recovering() =>
                 {
                     Some((*id, deadline))
                 }
@@ -473,14 +473,14 @@ impl Runs {
             })
             .collect();
         for (id, deadline) in ready {
-            // An earlier one may have started a recovery in the same directory: checked again.
+            // An earlier one may have started a recovery: checked again.
             self.check_lock(id, deadline, records, now, acts);
         }
     }
 
     /// Runs that waited too long for this init's own end-markings (or for the store to open) go
-    /// on without a lock check; never while a recovery runs in their directory (it may be about
-    /// to release a lock there, and it decided with the runs it was given).
+    /// on without a lock check; never while a recovery runs (it may be about to release a lock
+    /// of their state, and it decided with the runs it was given).
     pub(super) fn expire_waiting(
         &mut self,
         records: &mut Records,
@@ -492,9 +492,7 @@ impl Runs {
             .table
             .iter()
             .filter_map(|(id, r)| match r.life {
-                Life::AwaitingRecords { deadline, .. }
-                    if deadline <= now && !self.recovering_in(&r.job.workdir) =>
-                {
+                Life::AwaitingRecords { deadline, .. } if deadline <= now && !self.recovering() => {
                     Some((*id, deadline))
                 }
                 _ => None,

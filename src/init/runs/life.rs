@@ -125,7 +125,7 @@ pub(super) enum Life {
         pending: Pending,
     },
     /// Waits for the store to tell whether its lock needs a recovery: the store is opening, a
-    /// recovery runs in its directory, or this init's own end-marking of a run there is not on
+    /// recovery of this init runs, or this init's own end-marking of a run there is not on
     /// the volume yet (a recovery must read records that tell the truth). At most until
     /// `deadline`, then it goes on without the check.
     AwaitingRecords {

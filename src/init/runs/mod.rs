@@ -110,10 +110,10 @@ impl Runs {
         self.table
             .values()
             .filter_map(|r| match r.life {
-                // A wait blocked by a recovery in its directory ends with that recovery (its
-                // helper's exit wakes the loop), not at its deadline: counting an expired one
-                // here would spin the loop on a zero timeout (found by the simulation).
-                Life::AwaitingRecords { .. } if self.recovering_in(&r.job.workdir) => None,
+                // A wait blocked by a recovery ends with that recovery (its helper's exit wakes
+                // the loop), not at its deadline: counting an expired one here would spin the
+                // loop on a zero timeout (found by the simulation).
+                Life::AwaitingRecords { .. } if self.recovering() => None,
                 Life::AwaitingRecords { deadline, .. } => Some(deadline),
                 Life::Exited { linger_until, .. } => Some(linger_until),
                 _ => r.kill_due(),
@@ -271,12 +271,14 @@ impl Runs {
             .is_some_and(|max| self.in_flight() >= max.get() || self.queued() > 0)
     }
 
-    /// Whether a lock recovery runs (or is being started) in `workdir`: nothing launches there
-    /// meanwhile.
-    fn recovering_in(&self, workdir: &Path) -> bool {
-        self.table
-            .values()
-            .any(|r| r.recovering() && r.job.workdir == workdir)
+    /// Whether a lock recovery of this init runs (or is being started): no state-locking run
+    /// starts meanwhile, in any directory. The helper decides with the live runs it was given,
+    /// and a directory's text does not say which state its runs lock: a run started in a
+    /// symbolic link to the recovered directory, or in one whose backend names the same key,
+    /// would hold a lock the helper takes for the dead run's (issue 23; the simulation found it,
+    /// docs/reliability.md).
+    fn recovering(&self) -> bool {
+        self.table.values().any(|r| r.recovering())
     }
 }
 

@@ -333,6 +333,35 @@ fn a_dead_runs_record_means_one_recovery_per_directory_first() {
 }
 
 #[test]
+fn no_state_locking_run_starts_in_another_directory_while_a_recovery_runs() {
+    // /tf/y may be a symbolic link to /tf/x, or name the same backend key: its lock would be one
+    // the helper takes for the dead run's, and the helper decided with the runs it was given.
+    let t = Instant::now();
+    let mut rec = open(t, vec![dead_record("/tf/x")]);
+    let mut runs = runs();
+    let acts = ask(&mut runs, 1, &["apply"], &mut rec, t);
+    let Some(Action::Recover { args, .. }) = acts.into_iter().nth(1) else {
+        panic!("a recovery")
+    };
+    runs.recovery_started(r(1), &args, Ok(Pid::from_raw(50)), &mut rec, t);
+    let req = request(&["apply"], "/tf/y");
+    let acts = runs.request(c(2), req, None, Phase::Running, &mut rec, t);
+    assert_eq!(names(&acts), ["attach 2 r2"], "it waits for the recovery");
+    // Its wait's deadline passes: it still waits, and the loop is not woken for it.
+    assert_eq!(runs.next_wakeup(), None);
+    let late = t + Duration::from_secs(60);
+    assert_eq!(
+        names(&runs.tick(&mut rec, Path::new("/state"), late)),
+        [] as [&str; 0]
+    );
+    let acts = runs.recovery_exited(r(1), Exit::Code(0), None, &mut rec, t);
+    assert_eq!(
+        names(&acts),
+        ["record rescan", "record create r1", "record create r2"]
+    );
+}
+
+#[test]
 fn a_recovery_that_cannot_start_lets_terraform_start_without_it() {
     let t = Instant::now();
     let mut rec = open(t, vec![dead_record("/tf/x")]);

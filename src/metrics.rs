@@ -13,13 +13,45 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric};
+use nix::sys::signal::Signal;
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+
+use crate::init::shutdown::Phase;
+use crate::locks::labels::{Backend, StoreStatus, UnlockOutcome};
+use crate::sys::SigNo;
+
+/// Encodes label enums by the text their owner gives them (`label`, or `as_str` for [`Phase`]),
+/// so a label set holds the enum and a record compares no text.
+macro_rules! label_value {
+    ($($ty:ty => $text:ident),* $(,)?) => {$(
+        impl EncodeLabelValue for $ty {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                std::fmt::Write::write_str(encoder, self.$text())
+            }
+        }
+    )*};
+}
+
+label_value!(
+    Outcome => label,
+    RunState => label,
+    Cancel => label,
+    Listener => label,
+    Pause => label,
+    Dropped => label,
+    UnlockOutcome => label,
+    Backend => label,
+    StoreStatus => label,
+    Phase => as_str,
+);
 
 /// How a run ended, as `tfinit_runs_total{outcome}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -234,7 +266,7 @@ pub fn subcommand_label(subcommand: &str) -> &'static str {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RunLabels {
     subcommand: &'static str,
-    outcome: &'static str,
+    outcome: Outcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -244,7 +276,7 @@ struct SubcommandLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
-    state: &'static str,
+    state: RunState,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -254,40 +286,40 @@ struct SignalLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct UnlockLabels {
-    backend: &'static str,
-    outcome: &'static str,
+    backend: Backend,
+    outcome: UnlockOutcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct NameLabels {
-    state: &'static str,
+    state: StoreStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BackendLabels {
-    backend: &'static str,
+    backend: Backend,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PhaseLabels {
-    phase: &'static str,
+    phase: Phase,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CancelLabels {
-    how: &'static str,
+    how: Cancel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PauseLabels {
-    listener: &'static str,
-    reason: &'static str,
+    listener: Listener,
+    reason: Pause,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DroppedLabels {
-    listener: &'static str,
-    reason: &'static str,
+    listener: Listener,
+    reason: Dropped,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -295,74 +327,44 @@ struct VersionLabels {
     version: &'static str,
 }
 
-/// Backends `tfinit_force_unlocks_total{backend}` names; anything else is `other`. consul and
-/// http are never probed (their force-unlock deletes any lock): their records are `unsupported`.
-pub const BACKENDS: [&str; 9] = [
-    "s3",
-    "kubernetes",
-    "azurerm",
-    "gcs",
-    "local",
-    "pg",
-    "consul",
-    "http",
-    "other",
+/// Signals `tfinit_signals_forwarded_total{signal}` names by their own name: the catchable ones
+/// the init forwards. Real-time signals are counted as `SIGRTMIN+N` up to 32 ([`RT_NAMES`]); any
+/// other is `other`.
+const FORWARDED: [Signal; 18] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGTERM,
+    Signal::SIGWINCH,
+    Signal::SIGCONT,
+    Signal::SIGALRM,
+    Signal::SIGURG,
+    Signal::SIGTSTP,
+    Signal::SIGPROF,
+    Signal::SIGVTALRM,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+    Signal::SIGXCPU,
+    Signal::SIGXFSZ,
+    Signal::SIGSTKFLT,
 ];
 
-/// Outcomes of a lock recovery, as `tfinit_force_unlocks_total{outcome}` names them
-/// (`locks::recover::Outcome::label`).
-pub const UNLOCK_OUTCOMES: [&str; 10] = [
-    "unlocked",
-    "free",
-    "held_by_other",
-    "ambiguous",
-    "owner_alive",
-    "unknown",
-    "unlock_failed",
-    "needs_person",
-    "nothing_to_release",
-    "unsupported",
-];
-
-/// States of the records store, as `tfinit_records_store_state{state}` names them (1 for the
-/// current one, 0 for the others).
-pub const STORE_STATES: [&str; 5] = [
-    "opening",
-    "open",
-    "failed",
-    "not_answering",
-    "heartbeat_stale",
-];
-
-/// Phases of the shutdown timeline, as `tfinit_shutdown_phase{phase}` names them.
-pub const PHASES: [&str; 3] = ["running", "draining", "stopping"];
-
-/// Signals `tfinit_signals_forwarded_total{signal}` names: the catchable ones the init forwards.
-/// Real-time signals are counted as `SIGRTMIN+N` up to 32; any other is `other`.
-fn signal_labels() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = vec![
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGUSR1",
-        "SIGUSR2",
-        "SIGTERM",
-        "SIGWINCH",
-        "SIGCONT",
-        "SIGALRM",
-        "SIGURG",
-        "SIGTSTP",
-        "SIGPROF",
-        "SIGVTALRM",
-        "SIGIO",
-        "SIGPWR",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGSTKFLT",
-    ];
-    v.extend(RT_NAMES.iter());
-    v.push("other");
-    v
+/// The label `signal` of `signo`: its name when the init forwards it, `other` otherwise.
+fn signal_label(signo: SigNo) -> &'static str {
+    if let Ok(s) = Signal::try_from(signo) {
+        return if FORWARDED.contains(&s) {
+            s.as_str()
+        } else {
+            "other"
+        };
+    }
+    let rt = signo.checked_sub(crate::sys::sigrtmin());
+    match rt.and_then(|n| usize::try_from(n).ok()) {
+        Some(n) if signo <= crate::sys::sigrtmax() => RT_NAMES.get(n).copied().unwrap_or("other"),
+        _ => "other",
+    }
 }
 
 const RT_NAMES: [&str; 33] = [
@@ -483,21 +485,23 @@ impl Metrics {
         // The small families' label sets now (a record then never takes their write lock). The
         // per-subcommand and per-signal ones are made at first use: made up front they would
         // cost about 300 KiB of an idle init's memory (measured), for series that mostly stay 0.
-        for s in RunState::ALL {
-            let _ = runs.get_or_create(&StateLabels { state: s.label() });
+        for state in RunState::ALL {
+            let _ = runs.get_or_create(&StateLabels { state });
         }
         // tfinit_force_unlocks_total's series are made at first use too (90 label sets).
-        for s in STORE_STATES {
-            let _ = store_state.get_or_create(&NameLabels { state: s });
+        for state in StoreStatus::ALL {
+            let _ = store_state.get_or_create(&NameLabels { state });
         }
-        for p in PHASES {
-            let _ = shutdown_phase.get_or_create(&PhaseLabels { phase: p });
+        for phase in Phase::ALL {
+            let _ = shutdown_phase.get_or_create(&PhaseLabels { phase });
         }
         shutdown_phase
-            .get_or_create(&PhaseLabels { phase: "running" })
+            .get_or_create(&PhaseLabels {
+                phase: Phase::Running,
+            })
             .set(1);
-        for c in [Cancel::Graceful, Cancel::Force] {
-            let _ = cancels.get_or_create(&CancelLabels { how: c.label() });
+        for how in [Cancel::Graceful, Cancel::Force] {
+            let _ = cancels.get_or_create(&CancelLabels { how });
         }
         registry.register(
             "runs",
@@ -610,7 +614,7 @@ impl Metrics {
         self.runs_total
             .get_or_create(&RunLabels {
                 subcommand,
-                outcome: outcome.label(),
+                outcome,
             })
             .inc();
         if outcome != Outcome::Refused {
@@ -623,11 +627,7 @@ impl Metrics {
     /// How many runs are in each state now.
     pub fn set_runs(&self, counts: RunCounts) {
         for (state, n) in RunState::ALL.into_iter().zip(counts) {
-            self.runs
-                .get_or_create(&StateLabels {
-                    state: state.label(),
-                })
-                .set(n);
+            self.runs.get_or_create(&StateLabels { state }).set(n);
         }
     }
 
@@ -636,43 +636,25 @@ impl Metrics {
         self.zombies.inc_by(n);
     }
 
-    /// Signal `name` (`SIGTERM`, `SIGRTMIN+3`) was forwarded.
-    pub fn forwarded(&self, name: &str) {
-        let known = signal_labels();
-        let signal = known
-            .iter()
-            .find(|s| **s == name)
-            .copied()
-            .unwrap_or("other");
+    /// Signal `signo` was forwarded.
+    pub fn forwarded(&self, signo: SigNo) {
+        let signal = signal_label(signo);
         self.signals.get_or_create(&SignalLabels { signal }).inc();
     }
 
-    /// A recovery of one record ended with `outcome` (one of [`UNLOCK_OUTCOMES`]) on `backend`,
-    /// and named `orphans` resources in progress.
-    pub fn recovered(&self, backend: &str, outcome: &str, orphans: u64) {
-        let backend = BACKENDS
-            .iter()
-            .find(|b| **b == backend)
-            .copied()
-            .unwrap_or("other");
-        let Some(outcome) = UNLOCK_OUTCOMES.iter().find(|o| **o == outcome).copied() else {
-            return;
-        };
+    /// A recovery of one record ended with `outcome` on `backend`, and named `orphans` resources
+    /// in progress.
+    pub fn recovered(&self, backend: Backend, outcome: UnlockOutcome, orphans: u64) {
         self.force_unlocks
             .get_or_create(&UnlockLabels { backend, outcome })
             .inc();
-        if matches!(outcome, "unlocked" | "free" | "nothing_to_release") {
+        if outcome.releases() {
             self.orphan_candidates.inc_by(orphans);
         }
     }
 
     /// A lock probe on `backend` answered in a wording tfinit does not know.
-    pub fn unknown_wording(&self, backend: &str) {
-        let backend = BACKENDS
-            .iter()
-            .find(|b| **b == backend)
-            .copied()
-            .unwrap_or("other");
+    pub fn unknown_wording(&self, backend: Backend) {
         self.unknown_wordings
             .get_or_create(&BackendLabels { backend })
             .inc();
@@ -683,9 +665,9 @@ impl Metrics {
         self.needing_person.set(n);
     }
 
-    /// The records store is in `state` (one of [`STORE_STATES`]).
-    pub fn set_store_state(&self, state: &str) {
-        for s in STORE_STATES {
+    /// The records store is in `state`.
+    pub fn set_store_state(&self, state: StoreStatus) {
+        for s in StoreStatus::ALL {
             self.store_state
                 .get_or_create(&NameLabels { state: s })
                 .set(i64::from(s == state));
@@ -698,9 +680,9 @@ impl Metrics {
         self.heartbeat.at_ns.store(ns + 1, Ordering::Relaxed);
     }
 
-    /// The init is in `phase` (one of [`PHASES`]).
-    pub fn set_phase(&self, phase: &str) {
-        for p in PHASES {
+    /// The init is in `phase`.
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        for p in Phase::ALL {
             self.shutdown_phase
                 .get_or_create(&PhaseLabels { phase: p })
                 .set(i64::from(p == phase));
@@ -709,17 +691,15 @@ impl Metrics {
 
     /// A run was cancelled.
     pub fn cancelled(&self, how: Cancel) {
-        self.cancels
-            .get_or_create(&CancelLabels { how: how.label() })
-            .inc();
+        self.cancels.get_or_create(&CancelLabels { how }).inc();
     }
 
     /// `listener` stopped accepting for a while, for `why`.
     pub fn accept_paused(&self, listener: Listener, why: Pause) {
         self.accept_pauses
             .get_or_create(&PauseLabels {
-                listener: listener.label(),
-                reason: why.label(),
+                listener,
+                reason: why,
             })
             .inc();
     }
@@ -728,8 +708,8 @@ impl Metrics {
     pub fn dropped(&self, listener: Listener, why: Dropped) {
         self.dropped
             .get_or_create(&DroppedLabels {
-                listener: listener.label(),
-                reason: why.label(),
+                listener,
+                reason: why,
             })
             .inc();
     }
@@ -772,19 +752,18 @@ mod tests {
         m.run_ended("frobnicate", Outcome::Failed, Duration::from_millis(10));
         m.run_ended("plan", Outcome::Refused, Duration::ZERO);
         m.reaped(3);
-        m.forwarded("SIGTERM");
-        m.forwarded("SIGRTMIN+3");
-        m.forwarded("SIGBOGUS");
-        m.recovered("s3", "unlocked", 2);
-        m.recovered("etcdv3", "ambiguous", 5);
-        m.recovered("s3", "no_such_outcome", 1);
-        m.unknown_wording("s3");
-        m.unknown_wording("s3");
-        m.unknown_wording("etcdv3");
+        m.forwarded(libc::SIGTERM);
+        m.forwarded(crate::sys::sigrtmin() + 3);
+        m.forwarded(libc::SIGCHLD);
+        m.recovered(Backend::S3, UnlockOutcome::Unlocked, 2);
+        m.recovered(Backend::parse("etcdv3"), UnlockOutcome::Ambiguous, 5);
+        m.unknown_wording(Backend::S3);
+        m.unknown_wording(Backend::S3);
+        m.unknown_wording(Backend::parse("etcdv3"));
         m.set_needing_person(1);
         m.set_runs([0, 1, 2, 3, 4]);
-        m.set_store_state("open");
-        m.set_phase("draining");
+        m.set_store_state(StoreStatus::Open);
+        m.set_phase(Phase::Draining);
         m.cancelled(Cancel::Graceful);
         m.accept_paused(Listener::Control, Pause::Descriptors);
         m.dropped(Listener::Metrics, Dropped::Evicted);

@@ -494,7 +494,7 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
     };
     let mut pipe = std::fs::File::from(pipe);
     for (path, rec, outcome) in results {
-        let Some(label) = outcome.label() else {
+        let Some(kind) = outcome.label() else {
             continue;
         };
         // Cut so the line stays one write(2) below PIPE_BUF (paths may be long).
@@ -502,7 +502,7 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
         let report = recover::HelperReport {
             backend: recover::backend_type(std::path::Path::new(&rec.workdir))
                 .unwrap_or_else(|| "other".into()),
-            outcome: label.into(),
+            outcome: kind.label().into(),
             orphans: rec
                 .in_progress
                 .iter()

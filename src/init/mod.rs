@@ -21,7 +21,7 @@ mod reports;
 mod runs;
 mod session;
 mod setup;
-mod shutdown;
+pub(crate) mod shutdown;
 mod spawn;
 mod status;
 mod supervisor;

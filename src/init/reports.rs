@@ -11,7 +11,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
-use crate::locks::recover::HelperReport;
+use crate::locks::labels::{Backend, UnlockOutcome};
+use crate::locks::recover::{HelperReport, UnknownWording};
 
 /// The longest partial line kept while its end has not arrived: a helper writes far less, so
 /// anything longer is not one of its lines and is dropped.
@@ -20,6 +21,33 @@ const MAX_LINE: usize = 4096;
 /// How many records whose probe answered in an unknown wording are remembered as said. Beyond it
 /// the memory starts again: a record may be said twice, never not at all.
 const MAX_SAID: usize = 1024;
+
+/// A helper's report with its labels parsed: the loop compares no text afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Report {
+    /// The working directory's backend, as the metrics count it.
+    pub(super) backend: Backend,
+    /// The backend's type as the helper wrote it, for the log.
+    pub(super) backend_name: String,
+    /// What the recovery decided; None for a text this tfinit does not know (not counted).
+    pub(super) outcome: Option<UnlockOutcome>,
+    /// Resources the dead run had in progress (orphan candidates).
+    pub(super) orphans: u64,
+    /// Set when the probe answered in a wording tfinit does not know.
+    pub(super) unknown_wording: Option<UnknownWording>,
+}
+
+impl From<HelperReport> for Report {
+    fn from(r: HelperReport) -> Report {
+        Report {
+            backend: Backend::parse(&r.backend),
+            outcome: UnlockOutcome::parse(&r.outcome),
+            backend_name: r.backend,
+            orphans: r.orphans,
+            unknown_wording: r.unknown_wording,
+        }
+    }
+}
 
 /// The report pipe and the part of a line read so far.
 #[derive(Debug)]
@@ -60,12 +88,12 @@ impl Reports {
     }
 
     /// Reads what is there (never blocks) and returns the complete lines' reports.
-    pub(super) fn take(&mut self, scratch: &mut [u8]) -> Vec<HelperReport> {
+    pub(super) fn take(&mut self, scratch: &mut [u8]) -> Vec<Report> {
         let mut out = Vec::new();
         loop {
             match nix::unistd::read(&self.read, scratch) {
                 Ok(0) => break,
-                Ok(n) => out.extend(self.feed(&scratch[..n])),
+                Ok(n) => out.extend(self.feed(&scratch[..n]).into_iter().map(Report::from)),
                 Err(Errno::EINTR) => continue,
                 // EAGAIN: all read. Anything else: the next readiness tries again.
                 Err(_) => break,
@@ -191,6 +219,20 @@ mod tests {
         );
         let line = format!("{}\n", serde_json::to_string(&report("unlocked")).unwrap());
         nix::unistd::write(r.write_end(), line.as_bytes()).unwrap();
-        assert_eq!(r.take(&mut scratch), vec![report("unlocked")]);
+        assert_eq!(r.take(&mut scratch), vec![report("unlocked").into()]);
+    }
+
+    #[test]
+    fn a_report_is_parsed_once_and_an_unknown_label_is_not_counted() {
+        let r = Report::from(report("held_by_other"));
+        assert_eq!(r.outcome, Some(UnlockOutcome::HeldByOther));
+        assert_eq!(r.backend, Backend::S3);
+        let r = Report::from(HelperReport {
+            backend: "etcdv3".into(),
+            ..report("no_such_outcome")
+        });
+        assert_eq!(r.outcome, None, "a helper of another version");
+        assert_eq!(r.backend, Backend::Other);
+        assert_eq!(r.backend_name, "etcdv3", "the log names it as written");
     }
 }

@@ -27,7 +27,7 @@ pub(super) fn document(
             .is_none()
             .then_some(children.main().as_raw()),
         records: Some(RecordsStatus {
-            state: records.state.to_string(),
+            state: records.state.label().to_string(),
             heartbeat_age_seconds: records.heartbeat_age.map(|d| d.as_secs_f64()),
         }),
         runs: runs.statuses(),

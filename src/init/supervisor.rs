@@ -162,7 +162,7 @@ impl Init {
         if let Some(beat) = view.heartbeat_age.and_then(|age| now.checked_sub(age)) {
             self.metrics.set_heartbeat(beat);
         }
-        self.metrics.set_phase(self.timeline.phase().as_str());
+        self.metrics.set_phase(self.timeline.phase());
         self.metrics.set_control_connections(self.conns.len());
     }
 
@@ -350,7 +350,7 @@ impl Init {
             return;
         };
         if sent.is_ok() {
-            self.metrics.forwarded(&signals::name(to));
+            self.metrics.forwarded(to);
         }
         match sent {
             // A stop signal sent on is a shutdown step: logged at info like the others.
@@ -874,15 +874,17 @@ impl Init {
             return;
         };
         for r in reports.take(&mut self.scratch) {
-            self.metrics.recovered(&r.backend, &r.outcome, r.orphans);
+            if let Some(outcome) = r.outcome {
+                self.metrics.recovered(r.backend, outcome, r.orphans);
+            }
             let Some(w) = &r.unknown_wording else {
                 continue;
             };
-            self.metrics.unknown_wording(&r.backend);
+            self.metrics.unknown_wording(r.backend);
             // Its helper runs before every run in that directory: once per record is enough.
             if reports.first_time_unknown(&w.record) {
                 tracing::warn!(
-                    record = %w.record, workdir = %w.workdir, backend = %r.backend, probe = %w.said,
+                    record = %w.record, workdir = %w.workdir, backend = %r.backend_name, probe = %w.said,
                     "terraform answered the lock probe for the record {} in a wording this tfinit does not know, so it cannot tell whether the lock is free: the record is kept, and every run in {} probes again first (said once per record; tfinit_lock_probe_unknown_wording_total counts each probe). Upgrade tfinit, or report the wording with your terraform version: {}",
                     w.record, w.workdir, w.said
                 );

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::labels::StoreStatus;
 use super::liveness::{run_state, Facts, Fence, Observer, RunState, Seen, Token, Verdict};
 use super::names::RunId;
 use super::record::{Ended, Owner};
@@ -168,8 +169,8 @@ pub struct NewRun<'a> {
 /// The records part of `tfinit status`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct View {
-    /// `opening`, `open`, `failed`, `not_answering` or `heartbeat_stale`.
-    pub state: &'static str,
+    /// The store's state.
+    pub state: StoreStatus,
     /// Age of the last successful heartbeat write; None before the first one.
     pub heartbeat_age: Option<Duration>,
     /// Records whose lock a recovery found it cannot release: a person must.
@@ -1154,11 +1155,11 @@ impl Book {
     /// The records part of `tfinit status`.
     pub fn view(&self, now: Instant) -> View {
         let state = match self.state {
-            StoreState::Opening { .. } => "opening",
-            StoreState::Failed => "failed",
-            StoreState::NotAnswering { .. } => "not_answering",
-            StoreState::Open if self.heartbeat_stale(now) => "heartbeat_stale",
-            StoreState::Open => "open",
+            StoreState::Opening { .. } => StoreStatus::Opening,
+            StoreState::Failed => StoreStatus::Failed,
+            StoreState::NotAnswering { .. } => StoreStatus::NotAnswering,
+            StoreState::Open if self.heartbeat_stale(now) => StoreStatus::HeartbeatStale,
+            StoreState::Open => StoreStatus::Open,
         };
         View {
             state,
@@ -1540,7 +1541,7 @@ mod tests {
     fn a_run_waits_for_its_record_and_starts_when_it_lands() {
         let t = Instant::now();
         let mut b = book(t);
-        assert_eq!(b.view(t).state, "opening");
+        assert_eq!(b.view(t).state, StoreStatus::Opening);
         // No create goes out before the store is open (and the loop holds the incarnation's
         // lock file for the run to inherit): a run that gave up waiting gets none, and may not
         // launch before this incarnation's first heartbeat landed.
@@ -1601,7 +1602,7 @@ mod tests {
             recorded: false
         }));
         assert_eq!(b.record(RunId::from(1)), Some(&RecordStatus::Abandoned));
-        assert_eq!(b.view(t + TIMEOUT).state, "not_answering");
+        assert_eq!(b.view(t + TIMEOUT).state, StoreStatus::NotAnswering);
         // The next locking runs start at once, warned once a minute.
         let t1 = t + TIMEOUT + Duration::from_secs(1);
         assert_eq!(begin(&mut b, RunId::from(2), t1), Start::Unrecorded(None));
@@ -1670,7 +1671,7 @@ mod tests {
             "r1 never waited: no create goes out before the store opens"
         );
         assert_eq!(begin(&mut b, RunId::from(2), t), Start::Unrecorded(None));
-        assert_eq!(b.view(t).state, "failed");
+        assert_eq!(b.view(t).state, StoreStatus::Failed);
         assert!(
             b.tick(t + TTL).is_empty(),
             "no heartbeat for a failed store"
@@ -1727,7 +1728,7 @@ mod tests {
                 .all(|e| !matches!(e, Event::Log(_))),
             "reported once"
         );
-        assert_eq!(b.view(late).state, "heartbeat_stale");
+        assert_eq!(b.view(late).state, StoreStatus::HeartbeatStale);
         assert_eq!(b.view(late).heartbeat_age, Some(late - t));
         match begin(&mut b, RunId::from(2), late) {
             Start::Unrecorded(Some(n)) => assert!(n.message().contains("heartbeat is stale")),
@@ -1742,7 +1743,7 @@ mod tests {
             late,
         );
         assert!(logs(&ev)[0].contains("heartbeat written again"));
-        assert_eq!(b.view(late).state, "open");
+        assert_eq!(b.view(late).state, StoreStatus::Open);
         assert!(matches!(
             begin(&mut b, RunId::from(3), late),
             Start::Record { .. }

@@ -7,6 +7,7 @@
 pub mod book;
 pub mod follower;
 pub mod handoff;
+pub mod labels;
 pub mod liveness;
 pub mod lockinfo;
 pub mod names;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::labels::UnlockOutcome;
 use super::liveness::{
     self, last_alive_ms, run_state, Facts, Observer, RunState, Seen, Token, Verdict,
 };
@@ -90,20 +91,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Its name in `tfinit_force_unlocks_total{outcome}` (metrics::UNLOCK_OUTCOMES); None for a
-    /// record left alone without a decision (a person was told already).
-    pub fn label(&self) -> Option<&'static str> {
+    /// Its name in `tfinit_force_unlocks_total{outcome}`; None for a record left alone without a
+    /// decision (a person was told already).
+    pub fn label(&self) -> Option<UnlockOutcome> {
         Some(match self {
-            Outcome::OwnerAlive => "owner_alive",
-            Outcome::NothingToRelease(_) => "nothing_to_release",
-            Outcome::Unsupported(_) => "unsupported",
-            Outcome::Free => "free",
-            Outcome::Unlocked(_) => "unlocked",
-            Outcome::HeldByOther(..) => "held_by_other",
-            Outcome::Ambiguous(..) => "ambiguous",
-            Outcome::Unknown(_) | Outcome::UnknownWording(_) => "unknown",
-            Outcome::UnlockFailed(_) => "unlock_failed",
-            Outcome::NeedsPerson(..) => "needs_person",
+            Outcome::OwnerAlive => UnlockOutcome::OwnerAlive,
+            Outcome::NothingToRelease(_) => UnlockOutcome::NothingToRelease,
+            Outcome::Unsupported(_) => UnlockOutcome::Unsupported,
+            Outcome::Free => UnlockOutcome::Free,
+            Outcome::Unlocked(_) => UnlockOutcome::Unlocked,
+            Outcome::HeldByOther(..) => UnlockOutcome::HeldByOther,
+            Outcome::Ambiguous(..) => UnlockOutcome::Ambiguous,
+            Outcome::Unknown(_) | Outcome::UnknownWording(_) => UnlockOutcome::Unknown,
+            Outcome::UnlockFailed(_) => UnlockOutcome::UnlockFailed,
+            Outcome::NeedsPerson(..) => UnlockOutcome::NeedsPerson,
             Outcome::WaitingForPerson => return None,
         })
     }
@@ -115,7 +116,7 @@ impl Outcome {
 pub struct HelperReport {
     /// The working directory's backend type (`s3`, `kubernetes`, ...; `other` when unknown).
     pub backend: String,
-    /// [`Outcome::label`].
+    /// [`Outcome::label`]'s text ([`UnlockOutcome::label`]).
     pub outcome: String,
     /// Resources the dead run had in progress (orphan candidates).
     pub orphans: u64,

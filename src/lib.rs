@@ -16,6 +16,7 @@ pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
 pub mod mutation;
+mod phase;
 pub mod protocol;
 mod signals;
 pub mod sys;

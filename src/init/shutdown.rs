@@ -11,36 +11,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::action::Refusal;
 
-/// The init's phase, as `tfinit status` and the logs name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Phase {
-    /// Normal operation.
-    Running,
-    /// New runs are refused (`tfinit drain`); the controller keeps running.
-    Draining,
-    /// The container is stopping: the timeline runs.
-    Stopping,
-}
+pub(crate) use crate::phase::Phase;
 
 impl Phase {
-    /// Every phase, in the order the metrics create them.
-    pub(crate) const ALL: [Phase; 3] = [Phase::Running, Phase::Draining, Phase::Stopping];
-
     /// Why new runs are refused in this phase; None while they are accepted.
     pub(super) fn refusal(self) -> Option<Refusal> {
         match self {
             Phase::Running => None,
             Phase::Draining => Some(Refusal::Draining),
             Phase::Stopping => Some(Refusal::ShuttingDown),
-        }
-    }
-
-    /// The name shown in status, logs and `tfinit_shutdown_phase{phase}`.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Phase::Running => "running",
-            Phase::Draining => "draining",
-            Phase::Stopping => "stopping",
         }
     }
 }

@@ -102,9 +102,9 @@ const I32_CHARS: usize = 11;
 pub(super) const INCARNATION_MAX: usize = 8 + 1 + U64_DIGITS + 1 + I32_CHARS + 1 + 8;
 /// A run id: `r<u64>` ([`valid_run_id`]).
 const RUN_ID_MAX: usize = 1 + U64_DIGITS;
-/// `store::unique_suffix`: `<pid u32>.<ms u64>.<nanoseconds < 10^9>.<counter u64>`.
+/// `store::fsio::unique_suffix`: `<pid u32>.<ms u64>.<nanoseconds < 10^9>.<counter u64>`.
 pub(super) const SUFFIX_MAX: usize = U32_DIGITS + 1 + U64_DIGITS + 1 + 9 + 1 + U64_DIGITS;
-/// What `store::temp_path` adds to a name: `.<name>.tmp.<suffix>`.
+/// What `store::fsio::temp_path` adds to a name: `.<name>.tmp.<suffix>`.
 const TEMP_EXTRA: usize = 1 + ".tmp.".len() + SUFFIX_MAX;
 /// What `FileStore::path_of` adds to the owner name: `<owner>.<incarnation>.<run>.json`.
 const RECORD_EXTRA: usize = 1 + INCARNATION_MAX + 1 + RUN_ID_MAX + ".json".len();

@@ -4,8 +4,8 @@
 use nix::sys::signal::Signal;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
-use crate::init::shutdown::Phase;
 use crate::locks::labels::{Backend, StoreStatus, UnlockOutcome};
+use crate::phase::Phase;
 use crate::sys::SigNo;
 
 /// Encodes label enums by the text their owner gives them (`label`, or `as_str` for [`Phase`]),

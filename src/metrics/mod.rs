@@ -21,8 +21,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::init::shutdown::Phase;
 use crate::locks::labels::{Backend, StoreStatus, UnlockOutcome};
+use crate::phase::Phase;
 use crate::sys::SigNo;
 
 mod labels;

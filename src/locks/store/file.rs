@@ -1,0 +1,784 @@
+//! [`FileStore`]: the store in TFINIT_STATE_DIR, its layout and every read and write of it.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::Deserialize;
+
+use super::fsio::{
+    aside_path, atomic_write, flock_free, kind_of, local_filesystem, open_regular, read_limited,
+    remove, test_flock, to_json, unique_suffix, ReadError,
+};
+use super::kernel::same_lock_file;
+use super::{Aside, RecoveryLock, Store};
+use crate::locks::names::valid_owner;
+use crate::locks::record::{
+    age, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
+    MAX_FILE,
+};
+use std::os::fd::OwnedFd;
+
+/// The file `recover.lock` in the state directory: flock of one recovery at a time.
+pub(super) const RECOVER_LOCK: &str = "recover.lock";
+
+/// The store in a directory (TFINIT_STATE_DIR).
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+impl FileStore {
+    /// A store at `dir`; nothing is touched yet.
+    pub fn new(dir: &Path) -> FileStore {
+        FileStore {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn records_dir(&self) -> PathBuf {
+        self.dir.join("records")
+    }
+
+    pub(super) fn owners_dir(&self) -> PathBuf {
+        self.dir.join("owners")
+    }
+
+    /// The lock file every process of incarnation `owner` holds.
+    fn lock_path(&self, owner: &Owner) -> PathBuf {
+        self.owners_dir()
+            .join(format!("{}.{}.lock", owner.name, owner.incarnation()))
+    }
+
+    /// Where `record` is stored.
+    pub fn path_of(&self, record: &Record) -> PathBuf {
+        self.records_dir().join(format!(
+            "{}.{}.{}.json",
+            record.owner.name,
+            record.owner.incarnation(),
+            record.run_id
+        ))
+    }
+
+    /// Creates the subdirectories and proves the directory writable.
+    pub fn prepare(&self) -> io::Result<()> {
+        // The state directory itself may be a link (to where a volume is mounted); what is inside
+        // is tfinit's own and must be what tfinit made.
+        if !self.dir.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "does not exist or is not a directory",
+            ));
+        }
+        for sub in [self.records_dir(), self.owners_dir()] {
+            match fs::symlink_metadata(&sub) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{} is {}, not a directory: tfinit uses nothing else there and follows no link inside TFINIT_STATE_DIR; remove it (tfinit creates the directory)",
+                            sub.display(),
+                            kind_of(m.file_type())
+                        ),
+                    ))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(&sub)?,
+                Err(e) => return Err(e),
+            }
+        }
+        let probe = self
+            .records_dir()
+            .join(format!("{PROBE_PREFIX}{}", unique_suffix()));
+        atomic_write(&probe, b"ok")?;
+        fs::remove_file(&probe)
+    }
+
+    /// Removes hidden temporary files (of atomic writes and write probes) older than `older_than`
+    /// in the store's directories; returns how many. A writer that died mid-write leaves them,
+    /// and a crash-looping pod would pile them up.
+    pub fn remove_stale_temp_files(&self, older_than: Duration) -> usize {
+        let mut removed = 0;
+        for dir in [self.records_dir(), self.owners_dir()] {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !is_temp_name(&name) {
+                    continue;
+                }
+                // lstat: a link is not followed, a FIFO not opened.
+                let Ok(meta) = e.metadata() else { continue };
+                if !meta.file_type().is_file() {
+                    tracing::warn!(
+                        file = %e.path().display(), kind = kind_of(meta.file_type()),
+                        "a file named like a tfinit temporary file in TFINIT_STATE_DIR is not a regular file and is left alone; remove it"
+                    );
+                    continue;
+                }
+                let old = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > older_than);
+                if old && fs::remove_file(e.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// Name prefix of the write probe.
+const PROBE_PREFIX: &str = ".tfinit-write-test.";
+
+/// Whether `name` is one of our hidden temporary files: `.NAME.tmp.SUFFIX` or a write probe.
+fn is_temp_name(name: &str) -> bool {
+    name.starts_with(PROBE_PREFIX) || (name.starts_with('.') && name[1..].contains(".tmp."))
+}
+
+impl Store for FileStore {
+    fn location(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn open(&self, stale_temp: Duration) -> io::Result<()> {
+        self.prepare()?;
+        let removed = self.remove_stale_temp_files(stale_temp);
+        if removed > 0 {
+            tracing::info!(state_dir = %self.dir.display(), files = removed, "removed temporary files left by writers that died mid-write");
+        }
+        Ok(())
+    }
+
+    fn list(&self) -> Vec<Found> {
+        let Ok(entries) = fs::read_dir(self.records_dir()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let path = e.path();
+            let hidden = e.file_name().to_string_lossy().starts_with('.');
+            if hidden || path.extension().and_then(|x| x.to_str()) != Some("json") {
+                continue;
+            }
+            match read_limited(&path) {
+                // Removed since readdir (its run ended): not a problem.
+                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    out.push(Found::Unreadable(path, e.to_string()))
+                }
+                // Only a file read whole can be proven corrupt; anything else is left alone.
+                Err(ReadError::Io(e)) => {
+                    out.push(Found::LeftAlone(path, Unread::Failed(e.to_string())))
+                }
+                Err(ReadError::NotRegular(kind)) => {
+                    out.push(Found::LeftAlone(path, Unread::NotRegular(kind)))
+                }
+                Err(ReadError::TooLarge(size)) => {
+                    out.push(Found::LeftAlone(path, Unread::TooLarge(size)))
+                }
+                Ok(bytes) => match parse_record(&bytes) {
+                    Ok(r) => out.push(Found::Record(path, Box::new(r))),
+                    Err(problem) => match future_version(&bytes) {
+                        Some(v) => out.push(Found::Future(path, v)),
+                        None => out.push(Found::Corrupt(path, problem)),
+                    },
+                },
+            }
+        }
+        out.sort_by(|a, b| found_path(a).cmp(found_path(b)));
+        out
+    }
+
+    fn read(&self, id: &Path) -> io::Result<Record> {
+        let bytes = read_limited(id).map_err(|e| e.into_io(id))?;
+        parse_record(&bytes).map_err(|p| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a lock-owner record: {p}", id.display()),
+            )
+        })
+    }
+
+    fn write(&self, record: &Record) -> io::Result<PathBuf> {
+        let path = self.path_of(record);
+        let bytes = to_json(&*record.fitted());
+        // What would not read back is refused here, with its reason, rather than written for
+        // every reader to find corrupt.
+        let problem = if bytes.len() as u64 > MAX_FILE {
+            Some(format!(
+                "it would be {} bytes, more than the {MAX_FILE} a reader takes (its paths or names are that long)",
+                bytes.len()
+            ))
+        } else {
+            parse_record(&bytes).err()
+        };
+        if let Some(problem) = problem {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "lock-owner record {} not written, it would not read back: {problem}",
+                    path.display()
+                ),
+            ));
+        }
+        atomic_write(&path, &bytes)?;
+        Ok(path)
+    }
+
+    fn remove(&self, id: &Path) -> io::Result<()> {
+        remove(id)
+    }
+
+    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf> {
+        let aside = aside_path(id, why);
+        fs::rename(id, &aside)?;
+        Ok(aside)
+    }
+
+    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+        if !valid_owner(&owner.name) {
+            return None;
+        }
+        let read = |file: String| -> Option<Heartbeat> {
+            let bytes = read_limited(&self.owners_dir().join(file)).ok()?;
+            serde_json::from_slice::<Heartbeat>(&bytes).ok()
+        };
+        let own = read(format!("{}.{}.json", owner.name, owner.incarnation()))
+            .filter(|hb| hb.v == HEARTBEAT_FORMAT && hb.owner.same_incarnation(owner));
+        own.or_else(|| {
+            read(format!("{}.json", owner.name))
+                .filter(|hb| hb.v == 1 && hb.owner.same_incarnation(owner))
+        })
+    }
+
+    fn heartbeats(&self) -> Vec<Heartbeat> {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let stem = file.strip_suffix(".json")?;
+                let bytes = read_limited(&e.path()).ok()?;
+                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
+                let own_file = stem == format!("{}.{}", hb.owner.name, hb.owner.incarnation());
+                (hb.v == HEARTBEAT_FORMAT && own_file).then_some(hb)
+            })
+            .collect()
+    }
+
+    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return Vec::new();
+        };
+        let prefix = format!("{name}.");
+        let mut out: Vec<Heartbeat> = rd
+            .flatten()
+            .filter_map(|e| {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let rest = file.strip_prefix(&prefix)?.strip_suffix(".json")?;
+                // `<name>.<incarnation>.json`; a longer name that starts with ours has more dots.
+                if rest.is_empty() || rest.contains('.') {
+                    return None;
+                }
+                let bytes = read_limited(&e.path()).ok()?;
+                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
+                (hb.v == HEARTBEAT_FORMAT
+                    && hb.owner.name == name
+                    && hb.owner.incarnation() == rest)
+                    .then_some(hb)
+            })
+            .collect();
+        out.sort_by_key(|hb| hb.owner.incarnation());
+        out
+    }
+
+    fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
+        atomic_write(
+            &self
+                .owners_dir()
+                .join(format!("{}.{}.json", hb.owner.name, hb.owner.incarnation())),
+            &to_json(hb),
+        )
+    }
+
+    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration) {
+        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let file = e.file_name().to_string_lossy().to_string();
+            if file.starts_with('.') || !file.ends_with(".json") {
+                continue;
+            }
+            let Ok(bytes) = read_limited(&e.path()) else {
+                continue;
+            };
+            let Ok(hb) = serde_json::from_slice::<Heartbeat>(&bytes) else {
+                continue;
+            };
+            if hb.owner.same_incarnation(me)
+                || records.iter().any(|r| r.owner.same_incarnation(&hb.owner))
+                || age(hb.updated_ms) <= older_than
+            {
+                continue;
+            }
+            // The lock file goes first, and only when no process holds it (cleaning: whatever
+            // file is at the path, a held one stays).
+            if hb.v == HEARTBEAT_FORMAT {
+                let lock = self.lock_path(&hb.owner);
+                if lock.exists() && flock_free(&lock) != Some(true) {
+                    continue;
+                }
+                let _ = fs::remove_file(&lock);
+            }
+            let _ = fs::remove_file(e.path());
+        }
+    }
+
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
+        use std::os::fd::AsFd;
+        if !fs::File::open(self.owners_dir()).is_ok_and(|d| local_filesystem(&d)) {
+            return Ok(None);
+        }
+        let path = self.lock_path(me);
+        let (file, _) = open_regular(
+            &path,
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .map_err(|e| e.into_io(&path))?;
+        let id = FileId::of(&file)?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            io::Error::other(format!(
+                "cannot flock {}: {e} (another process holds this incarnation's lock file?)",
+                path.display()
+            ))
+        })?;
+        let fd = lock.as_fd().try_clone_to_owned()?;
+        // Never unlocked: the flock must last until the last process holding `fd` (this init
+        // and every terraform run it started) is gone, and the kernel frees it then. Dropping
+        // the Flock would unlock it for every holder at once.
+        std::mem::forget(lock);
+        Ok(Some((fd, id)))
+    }
+
+    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {
+        let path = self.lock_path(owner);
+        let (f, _) = open_regular(&path, fs::OpenOptions::new().read(true)).ok()?;
+        // The very file the incarnation locked, checked on the descriptor we test: while any of
+        // its processes holds that file, its inode cannot be freed and reused, so the same device
+        // and inode is the same file.
+        if !same_lock_file(FileId::of(&f).ok()?, file) || !local_filesystem(&f) {
+            return None;
+        }
+        test_flock(f)
+    }
+
+    fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock> {
+        let path = self.dir.join(RECOVER_LOCK);
+        let deadline = Instant::now() + wait;
+        loop {
+            let (file, _) = open_regular(
+                &path,
+                fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .mode(0o600),
+            )
+            .map_err(|e| e.into_io(&path))?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    return Ok(RecoveryLock {
+                        _held: Box::new(lock),
+                    })
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "{} is held by another lock recovery (another pod's, or a `tfinit recover`) that did not finish within {}s",
+                            path.display(),
+                            wait.as_secs()
+                        ),
+                    ))
+                }
+                Err((_, e)) => {
+                    return Err(io::Error::other(format!(
+                        "cannot lock {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+    }
+}
+
+fn found_path(f: &Found) -> &Path {
+    match f {
+        Found::Record(p, _)
+        | Found::Corrupt(p, _)
+        | Found::Future(p, _)
+        | Found::Unreadable(p, _)
+        | Found::LeftAlone(p, _) => p,
+    }
+}
+
+fn future_version(bytes: &[u8]) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    serde_json::from_slice::<Version>(bytes)
+        .ok()
+        .map(|v| v.v)
+        .filter(|v| *v > FORMAT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use super::*;
+    use crate::locks::record::now_ms;
+    use crate::locks::record::sample;
+
+    fn temp_store(name: &str) -> (PathBuf, FileStore) {
+        let dir = std::env::temp_dir().join(format!("tfinit-rec-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn create_update_list_remove() {
+        let (dir, store) = temp_store("cycle");
+        let owner = Owner::current("pod-a", None);
+        let mut rec = sample(&owner);
+        let path = store.write(&rec).unwrap();
+        rec.in_progress = vec!["null_resource.a".into()];
+        assert_eq!(store.write(&rec).unwrap(), path, "a rewrite keeps the file");
+        let found = store.list();
+        assert_eq!(found.len(), 1);
+        match &found[0] {
+            Found::Record(_, r) => assert_eq!(r.in_progress, vec!["null_resource.a"]),
+            other => panic!("{other:?}"),
+        }
+        fs::write(dir.join("records/bad.json"), b"{\"v\":1,\"owner\":").unwrap();
+        fs::write(
+            dir.join("records/next.json"),
+            b"{\"v\":7,\"whatever\":true}",
+        )
+        .unwrap();
+        fs::write(dir.join("records/empty.json"), b"").unwrap();
+        let found = store.list();
+        assert_eq!(
+            found
+                .iter()
+                .filter(|f| matches!(f, Found::Corrupt(..)))
+                .count(),
+            2
+        );
+        assert_eq!(
+            found
+                .iter()
+                .filter(|f| matches!(f, Found::Future(_, 7)))
+                .count(),
+            1
+        );
+        // The sweep sets the corrupt ones aside, leaves the future one, returns the good one.
+        let good = store.sweep();
+        assert_eq!(good.len(), 1);
+        assert!(dir.join("records/bad.json.corrupt").exists());
+        assert!(dir.join("records/empty.json.corrupt").exists());
+        assert!(dir.join("records/next.json").exists());
+        store.remove(&path).unwrap();
+        store.remove(&path).unwrap();
+        store.write_heartbeat(&beat(&owner, 1, now_ms())).unwrap();
+        assert!(store
+            .read_heartbeat(&owner)
+            .unwrap()
+            .owner
+            .same_incarnation(&owner));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn beat(owner: &Owner, seq: u64, updated_ms: u64) -> Heartbeat {
+        Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: owner.clone(),
+            seq,
+            updated_ms,
+            holds_lock: true,
+            host: String::new(),
+            ttl_ms: Some(30_000),
+            lock_file: None,
+        }
+    }
+
+    #[test]
+    fn only_one_recovery_at_a_time() {
+        let (dir, store) = temp_store("flock");
+        let held = store.lock_recovery(Duration::ZERO).unwrap();
+        let t = Instant::now();
+        assert!(store.lock_recovery(Duration::from_millis(300)).is_err());
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        drop(held);
+        assert!(store.lock_recovery(Duration::ZERO).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn silent_heartbeats_without_records_are_pruned() {
+        let (dir, store) = temp_store("prune");
+        let me = Owner::current("pod-me", None);
+        let old = |name: &str| {
+            let o = Owner::current(name, None);
+            store
+                .write_heartbeat(&beat(&o, 3, now_ms() - 3_600_000))
+                .unwrap();
+            o
+        };
+        let gone = old("gone");
+        let with_record = old("with-record");
+        let me_old = Owner { ..me.clone() };
+        store
+            .write_heartbeat(&beat(&me_old, 1, now_ms() - 3_600_000))
+            .unwrap();
+        let fresh = Owner::current("fresh", None);
+        store.write_heartbeat(&beat(&fresh, 1, now_ms())).unwrap();
+        let r = sample(&with_record);
+        store.prune_heartbeats(&[r], &me, Duration::from_secs(60));
+        assert!(store.read_heartbeat(&gone).is_none());
+        for kept in [&with_record, &me, &fresh] {
+            assert!(store.read_heartbeat(kept).is_some(), "{kept:?}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn each_incarnation_has_its_own_heartbeat_and_a_first_format_one_is_read_for_its_own() {
+        let (dir, store) = temp_store("hbname");
+        let a1 = Owner::current("pod-a", None);
+        let a2 = Owner {
+            started_ms: a1.started_ms + 1,
+            ..a1.clone()
+        };
+        store.write_heartbeat(&beat(&a1, 5, 1)).unwrap();
+        store.write_heartbeat(&beat(&a2, 7, 2)).unwrap();
+        assert_eq!(store.read_heartbeat(&a1).unwrap().seq, 5);
+        assert_eq!(store.read_heartbeat(&a2).unwrap().seq, 7);
+        assert_eq!(store.heartbeats_named("pod-a").len(), 2);
+        assert!(store.heartbeats_named("pod").is_empty(), "no prefix match");
+        // A file copied under another incarnation's name is not that incarnation's.
+        let a3 = Owner {
+            started_ms: a1.started_ms + 2,
+            ..a1.clone()
+        };
+        fs::copy(
+            dir.join(format!("owners/pod-a.{}.json", a1.incarnation())),
+            dir.join(format!("owners/pod-a.{}.json", a3.incarnation())),
+        )
+        .unwrap();
+        assert!(store.read_heartbeat(&a3).is_none());
+        // The shared file of the first format counts only for the incarnation it names.
+        let legacy = Heartbeat {
+            v: 1,
+            seq: 0,
+            holds_lock: false,
+            ..beat(&a3, 0, 9)
+        };
+        atomic_write(&dir.join("owners/pod-a.json"), &to_json(&legacy)).unwrap();
+        assert_eq!(store.read_heartbeat(&a3).unwrap().updated_ms, 9);
+        let bad_name = Owner {
+            name: "../pod-b".into(),
+            ..a1.clone()
+        };
+        assert!(store.read_heartbeat(&bad_name).is_none());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `flock(1)` holding `lock` around `script` (whose background children inherit it).
+    fn flock_holder(lock: &Path, script: &str) -> std::process::Child {
+        std::process::Command::new("flock")
+            .arg("-x")
+            .arg(lock)
+            .args(["sh", "-c", script])
+            .spawn()
+            .expect("flock(1) from util-linux")
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn the_kernel_proves_an_incarnation_gone_only_when_its_last_process_is() {
+        // The proof holds on a local filesystem only: /dev/shm (tmpfs) is one wherever TMPDIR is.
+        let dir = Path::new("/dev/shm").join(format!("tfinit-gone-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        assert!(local_filesystem(&fs::File::open(&dir).unwrap()));
+        let a = Owner::current("pod-a", None);
+        let nowhere = FileId { dev: 0, ino: 0 };
+        assert_eq!(
+            store.incarnation_gone(&a, nowhere),
+            None,
+            "no lock file: nothing proven"
+        );
+        let lock = store.lock_path(&a);
+        fs::write(&lock, b"").unwrap();
+        let id = FileId::of(&fs::File::open(&lock).unwrap()).unwrap();
+        // The holder exits at once, but a background child it started inherits the lock and
+        // lives on: like an init that died while one of its terraform runs had not.
+        let marker = dir.join("child-done");
+        let mut holder = flock_holder(
+            &lock,
+            &format!("(sleep 1; touch {}) & exit 0", marker.display()),
+        );
+        holder.wait().unwrap();
+        assert_eq!(
+            store.incarnation_gone(&a, id),
+            Some(false),
+            "its child holds it"
+        );
+        wait_until("the child to finish", || marker.exists());
+        wait_until("the flock to be free", || {
+            store.incarnation_gone(&a, id) == Some(true)
+        });
+        // Our own lock: held for the life of this process.
+        let me = Owner {
+            started_ms: a.started_ms + 1,
+            ..a.clone()
+        };
+        let (_fd, mine) = store
+            .hold_incarnation_lock(&me)
+            .unwrap()
+            .expect("a local filesystem");
+        assert_eq!(store.incarnation_gone(&me, mine), Some(false));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_free_lock_file_that_replaced_the_owners_proves_nothing() {
+        let dir = Path::new("/dev/shm").join(format!("tfinit-replaced-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        let me = Owner::current("pod-a", None);
+        let (_held, id) = store.hold_incarnation_lock(&me).unwrap().unwrap();
+        let hb = Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: me.clone(),
+            seq: 1,
+            updated_ms: now_ms(),
+            holds_lock: true,
+            host: "pod-a".into(),
+            ttl_ms: Some(30_000),
+            lock_file: Some(id),
+        };
+        let observer = Owner {
+            started_ms: me.started_ms + 1,
+            ..me.clone()
+        };
+        assert_eq!(store.kernel_proof(&observer, &me, Some(&hb)), Some(false));
+        // owners/ restored from a backup: a new file (new inode) at the lock's path, which no
+        // process holds, while the owner still holds the old one.
+        let path = store.lock_path(&me);
+        let restored = dir.join("owners").join("restored");
+        fs::write(&restored, b"").unwrap();
+        fs::rename(&restored, &path).unwrap();
+        assert_eq!(flock_free(&path), Some(true), "the new file is free");
+        assert_eq!(
+            store.kernel_proof(&observer, &me, Some(&hb)),
+            None,
+            "another file proves nothing"
+        );
+        // A heartbeat that names no file (an older tfinit) proves nothing either.
+        let older = Heartbeat {
+            lock_file: None,
+            ..hb.clone()
+        };
+        assert_eq!(store.kernel_proof(&observer, &me, Some(&older)), None);
+        // Another boot: nothing.
+        let elsewhere = Owner {
+            boot_id: "other-boot".into(),
+            ..observer.clone()
+        };
+        assert_eq!(store.kernel_proof(&elsewhere, &me, Some(&hb)), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod temp_file_tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn opening_removes_our_temp_files_older_than_one_ttl_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("tfinit-store-tmp-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let store = FileStore::new(&dir);
+        store.prepare().unwrap();
+        let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+        let make = |rel: &str, old: bool| {
+            let p = dir.join(rel);
+            let f = fs::File::create(&p).unwrap();
+            if old {
+                f.set_modified(two_hours_ago).unwrap();
+            }
+            p
+        };
+        let gone = [
+            make("records/.pod-a.x.r1.json.tmp.1.2.3.4", true),
+            make("records/.tfinit-write-test.1.2.3.4", true),
+            make("owners/.pod-a.json.tmp.9.9.9.9", true),
+        ];
+        let kept = [
+            make("records/.pod-a.x.r2.json.tmp.1.2.3.5", false),
+            make("records/pod-a.x.r3.json", true),
+            make("records/.hidden-by-someone-else", true),
+            make("owners/pod-b.json", true),
+        ];
+        store.open(Duration::from_secs(3600)).unwrap();
+        for p in &gone {
+            assert!(!p.exists(), "{} is an old temp file", p.display());
+        }
+        for p in &kept {
+            assert!(
+                p.exists(),
+                "{} is not an old temp file of ours",
+                p.display()
+            );
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,152 @@
+//! Where lock-owner records and heartbeats live: one [`Store`] trait for every reader and writer
+//! (the recorder thread, the recovery helper, `tfinit recover`), and [`FileStore`], its only
+//! implementation, in TFINIT_STATE_DIR.
+//!
+//! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
+//! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
+//! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
+//! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
+//! long as the volume takes: only the recorder thread and helper processes call it, never the
+//! PID-1 loop.
+//!
+//! Anything else may sit in the directory (a FIFO, a device, a symbolic link to anywhere, a file
+//! of gigabytes): files are opened with `O_NOFOLLOW | O_NONBLOCK` and used only when `fstat` says
+//! they are regular files (`fsio.rs`'s `open_regular`), so no entry can block a reader or steer it
+//! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
+//!
+//! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
+//! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use).
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
+
+mod file;
+mod fsio;
+mod kernel;
+mod report;
+
+pub use file::FileStore;
+pub use fsio::{atomic_write, remove};
+pub use kernel::{kernel_proof_with, same_lock_file};
+pub use report::{set_aside_corrupt, warn_left_alone, warn_unreadable};
+
+/// Why a record is set aside (renamed so no recovery reads it again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Aside {
+    /// It cannot be read (`*.corrupt`); the text says why.
+    Corrupt(String),
+    /// Its lock must be released by hand (`*.manual`).
+    Manual,
+}
+
+/// The exclusive right to recover records in a store; released on drop.
+pub struct RecoveryLock {
+    _held: Box<dyn Send>,
+}
+
+impl std::fmt::Debug for RecoveryLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecoveryLock")
+    }
+}
+
+/// All storage of records and heartbeats. Every method may block on the volume.
+pub trait Store: Send {
+    /// Where the store is, for messages (the state directory).
+    fn location(&self) -> String;
+
+    /// Prepares the store for writing: creates what is missing, proves it writable, and removes
+    /// hidden temporary files older than `stale_temp` (left by writers that died mid-write).
+    fn open(&self, stale_temp: Duration) -> io::Result<()>;
+
+    /// Every record, parsed or not, in a stable order.
+    fn list(&self) -> Vec<Found>;
+
+    /// Reads one record.
+    fn read(&self, id: &Path) -> io::Result<Record>;
+
+    /// Writes `record` atomically (creating or rewriting it) and returns its id. What is written
+    /// is [`Record::fitted`], and only when it reads back, so every record file can be read.
+    fn write(&self, record: &Record) -> io::Result<PathBuf>;
+
+    /// Removes a record; a missing one is fine.
+    fn remove(&self, id: &Path) -> io::Result<()>;
+
+    /// Sets a record aside so no recovery reads it again; returns its new id.
+    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf>;
+
+    /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
+    /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
+    /// when missing or unreadable.
+    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat>;
+
+    /// The heartbeats of every incarnation named `name` (to tell that two live inits share it).
+    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat>;
+
+    /// The heartbeats of every incarnation (current format), to tell which hosts live tfinits
+    /// run on.
+    fn heartbeats(&self) -> Vec<Heartbeat>;
+
+    /// Writes `hb`, its incarnation's heartbeat.
+    fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()>;
+
+    /// Removes heartbeats (and incarnation lock files) of incarnations that have no record in
+    /// `records` and whose heartbeat says it was last written longer than `older_than` ago by
+    /// this node's clock: cleaning only (pods of a Deployment come and go under new names), never
+    /// a liveness decision, since an incarnation with no record has no lock to lose.
+    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration);
+
+    /// Takes this incarnation's lock file (`owners/<name>.<incarnation>.lock`) with an exclusive
+    /// flock, kept for the life of the process, and returns a descriptor of it (close-on-exec)
+    /// that every terraform run inherits: the kernel frees the flock only once the last process
+    /// holding the descriptor is gone. None when the state directory is not on a local
+    /// filesystem: there a free flock proves nothing, and a descriptor every terraform holds
+    /// would make each one's exit wait on the volume (FUSE and NFS talk to their server when a
+    /// descriptor is closed). With the descriptor, the file's device and inode: the heartbeat
+    /// names them, so that a free flock proves something only on this very file.
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>>;
+
+    /// Whether the kernel proves every process of `owner` gone: its lock file is on a local
+    /// filesystem of this kernel, it is the file `file` (device and inode, as the incarnation's
+    /// heartbeat names it: a file that replaced it at that path proves nothing), and its flock is
+    /// free. Some(false): it is held (alive); None: nothing proven (network filesystem, no lock
+    /// file, another file, an error). Callers go through [`kernel_proof`], which checks the rest.
+    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool>;
+
+    /// What the kernel proves of `owner` for observer `me`, given `hb`, that incarnation's
+    /// heartbeat as just read: Some(true) every process of it is gone, Some(false) one holds its
+    /// lock file (alive), None nothing. Only for an incarnation of this kernel (boot id) whose
+    /// heartbeat says it held its lock file and names that file's device and inode (a heartbeat
+    /// of a tfinit before record format 4 names none: its owner is watched instead).
+    fn kernel_proof(&self, me: &Owner, owner: &Owner, hb: Option<&Heartbeat>) -> Option<bool> {
+        kernel_proof_with(me, owner, hb, |file| self.incarnation_gone(owner, file))
+    }
+
+    /// Takes the exclusive right to recover in this store, waiting up to `wait` for another
+    /// recovery (another pod's, or a `tfinit recover`) to finish.
+    fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock>;
+
+    /// Sets corrupt records aside (only those: no live owner has one, see [`Found::Corrupt`]) and
+    /// warns about the files left alone; returns the parsed records. Never fails: a problem with
+    /// one record is that record's warning.
+    fn sweep(&self) -> Vec<(PathBuf, Record)> {
+        let mut out = Vec::new();
+        for f in self.list() {
+            match f {
+                Found::Record(p, r) => out.push((p, *r)),
+                Found::Corrupt(p, problem) => set_aside_corrupt(self, &p, &problem),
+                Found::Future(p, v) => tracing::warn!(
+                    file = %p.display(), version = v, this_version = FORMAT,
+                    "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
+                ),
+                Found::Unreadable(p, e) => warn_unreadable(&p, &e),
+                Found::LeftAlone(p, why) => warn_left_alone(&p, &why),
+            }
+        }
+        out
+    }
+}

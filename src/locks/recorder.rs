@@ -771,7 +771,7 @@ impl Worker {
                 // success only changes an age the loop reads when it needs it.
                 let late = self
                     .last_heartbeat
-                    .map_or(true, |t| t.elapsed() > self.ttl / 2);
+                    .is_none_or(|t| t.elapsed() > self.ttl / 2);
                 let ok = self.heartbeat_now(out, late);
                 // After the writes already queued: a scan of many records must not delay them.
                 if ok {

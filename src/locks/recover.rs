@@ -400,7 +400,7 @@ impl Recovery {
             .list()
             .into_iter()
             .filter_map(|f| match f {
-                Found::Record(_, r) if only.map_or(true, |d| same_dir(d, &r.workdir)) => Some(*r),
+                Found::Record(_, r) if only.is_none_or(|d| same_dir(d, &r.workdir)) => Some(*r),
                 _ => None,
             })
             .collect();
@@ -777,7 +777,7 @@ impl Recovery {
                 .filter(|l| l.who == info.who)
                 .filter(|l| {
                     info.created_ms
-                        .map_or(true, |c| l.started_ms <= c.saturating_add(skew))
+                        .is_none_or(|c| l.started_ms <= c.saturating_add(skew))
                 })
                 .find(|l| state::may_share(&state, &live_state(l)))
                 .map(|l| {

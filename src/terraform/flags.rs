@@ -173,7 +173,7 @@ impl Reading {
             } else if VALUE_FLAGS.contains(&name) || value.is_some() {
                 // A view word as the value: Go gets the word after it (the view word is gone by
                 // then), urfave gets the view word itself.
-                if value.is_none() && !rest.next().is_some_and(|v| !is_view_word(v)) {
+                if value.is_none() && rest.next().is_none_or(|v| is_view_word(v)) {
                     r.unsure = true;
                     break;
                 }

@@ -413,7 +413,7 @@ fn live_same_who(w: &World, h: usize, state: &StateOf, info: &LockInfo) -> Optio
         .filter(|l| l.who == info.who)
         .filter(|l| {
             info.created_ms
-                .map_or(true, |c| l.started_ms <= c.saturating_add(skew))
+                .is_none_or(|c| l.started_ms <= c.saturating_add(skew))
         })
         .find(|l| {
             let theirs = w.state_of(&l.workdir.to_string_lossy(), &l.workspace);

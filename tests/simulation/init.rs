@@ -1111,6 +1111,6 @@ trait PastOrNone {
 
 impl PastOrNone for Option<u64> {
     fn is_none_or_past(&self, now: u64) -> bool {
-        self.map_or(true, |t| t <= now)
+        self.is_none_or(|t| t <= now)
     }
 }

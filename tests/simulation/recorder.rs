@@ -48,7 +48,7 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
                     let now = w.mono(node);
                     w.incs[inc]
                         .last_heartbeat
-                        .map_or(true, |t| now.saturating_duration_since(t) > ttl / 2)
+                        .is_none_or(|t| now.saturating_duration_since(t) > ttl / 2)
                 });
                 if heartbeat_now(&sim, inc, late).await {
                     if rules == Rules::New {
@@ -466,7 +466,7 @@ async fn write(sim: &Sim, inc: usize, job: Job) {
                 .write(node, move |w| {
                     let stale = w.incs[inc]
                         .beat_landed
-                        .map_or(true, |b| w.now.saturating_sub(b) > w.incs[inc].ttl);
+                        .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
                     w.log(|| {
                         format!(
                             "record {id} of {} ({}) lands{}",
@@ -589,7 +589,7 @@ impl World {
 
     /// Whether incarnation `inc`'s flock is held at time `t`: by its init or a terraform run.
     pub fn flock_held(&self, inc: usize, t: Ms) -> bool {
-        self.incs[inc].died_at.map_or(true, |d| d > t)
+        self.incs[inc].died_at.is_none_or(|d| d > t)
             || self
                 .procs
                 .iter()

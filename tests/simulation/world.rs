@@ -1024,9 +1024,9 @@ impl World {
     }
 
     fn faulty(&self, node: usize, t: Ms, kind: FaultKind) -> Option<&Fault> {
-        self.faults.iter().find(|f| {
-            f.kind == kind && f.from <= t && t < f.to && f.node.map_or(true, |n| n == node)
-        })
+        self.faults
+            .iter()
+            .find(|f| f.kind == kind && f.from <= t && t < f.to && f.node.is_none_or(|n| n == node))
     }
 
     /// When an operation on the volume started now from `node` completes, and when it takes
@@ -1055,7 +1055,7 @@ impl World {
                 f.kind == FaultKind::Hang
                     && f.from <= now
                     && now < f.to
-                    && f.node.map_or(true, |n| n == node)
+                    && f.node.is_none_or(|n| n == node)
             })
             .map(|f| f.to)
             .max();

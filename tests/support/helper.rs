@@ -181,7 +181,7 @@ fn zombies(parent: Option<i32>) -> usize {
             let mut rest = stat.rsplit_once(") ").map_or("", |(_, r)| r).split(' ');
             let state = rest.next().unwrap_or("");
             let ppid = rest.next().and_then(|p| p.parse::<i32>().ok());
-            state == "Z" && parent.map_or(true, |p| ppid == Some(p))
+            state == "Z" && parent.is_none_or(|p| ppid == Some(p))
         })
         .count()
 }

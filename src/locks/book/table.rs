@@ -55,7 +55,7 @@ impl Book {
     /// end-markings and removals since it was scanned.
     fn entries(&self) -> impl Iterator<Item = &Entry> {
         let scanned = self.table.as_ref().map(|t| t.scanned);
-        let newer = move |at: &Instant| !scanned.is_some_and(|s| *at <= s);
+        let newer = move |at: &Instant| scanned.is_none_or(|s| *at > s);
         let table = self
             .table
             .iter()
@@ -132,7 +132,7 @@ impl Book {
         if self
             .recovered
             .get(workdir)
-            .is_some_and(|at| !scanned.is_some_and(|s| s >= *at))
+            .is_some_and(|at| scanned.is_none_or(|s| s < *at))
         {
             return false;
         }

@@ -152,7 +152,11 @@ fn an_abandoned_run_that_ignores_sigterm_has_its_group_killed_after_the_stop_tim
     let stop_timeout = Duration::from_secs(2);
     let (tmp, init, tf) = fake_setup(
         "shim-abandon-ignore",
-        &[("TFINIT_STOP_TIMEOUT", "2s".to_string())],
+        // The least stop timeout the default 2 s kill margin allows is 3 s: a margin of 1 s.
+        &[
+            ("TFINIT_STOP_TIMEOUT", "2s".to_string()),
+            ("TFINIT_KILL_MARGIN", "1s".to_string()),
+        ],
     );
     // terraform and one more member of its process group, both ignoring SIGTERM.
     let (r, log, member) = apply_with_a_group_member(

@@ -160,9 +160,11 @@ fn other_path(w: &S3World, how: OtherPath) -> PathBuf {
 }
 
 /// Pids of `w`'s real terraform processes (not the shims: those are tfinit) whose command line
-/// holds `arg`.
+/// holds `arg`, working in `w`'s temp dir: other tests' terraform runs beside this one, and must
+/// never be signalled.
 fn real_terraform_with(w: &S3World, arg: &str) -> Vec<i32> {
     let real = fs::canonicalize(w.tf.path()).unwrap();
+    let ours = fs::canonicalize(&w.tmp.0).unwrap();
     let mut out = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -171,7 +173,8 @@ fn real_terraform_with(w: &S3World, arg: &str) -> Vec<i32> {
         let exe = fs::read_link(e.path().join("exe")).ok();
         let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
         let has = cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes());
-        if has && exe.as_deref() == Some(real.as_path()) {
+        let here = fs::read_link(e.path().join("cwd")).is_ok_and(|c| c.starts_with(&ours));
+        if has && here && exe.as_deref() == Some(real.as_path()) {
             out.push(pid);
         }
     }

@@ -34,7 +34,7 @@ fn drain(d: &mut Decoder, out: &mut Vec<Frame>) -> Option<DecodeError> {
 
 /// Decodes `wire` pushed in pieces of the given lengths (cycled; 0 counts as 1).
 fn decode_split(wire: &[u8], cuts: &[usize]) -> (Vec<Frame>, Option<DecodeError>, usize) {
-    let mut d = Decoder::default();
+    let mut d = Decoder::new(MAX_PAYLOAD);
     let mut frames = Vec::new();
     let mut at = 0;
     let mut i = 0;
@@ -96,8 +96,8 @@ fuzz_target!(|data: &[u8]| {
     match whole_err {
         // The error is about the next frame's header, and names what is wrong with it.
         Some(DecodeError::UnknownKind(b)) => assert_eq!(left.first(), Some(&b)),
-        Some(DecodeError::TooLarge(n)) => {
-            assert!(n > MAX_PAYLOAD);
+        Some(DecodeError::TooLarge { len: n, limit }) => {
+            assert!(n > limit && limit == MAX_PAYLOAD);
             assert!(left.len() >= HEADER);
             assert_eq!(
                 n,
@@ -110,7 +110,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(split_pending, left.len());
             if left.len() >= HEADER {
                 let (_, len) =
-                    protocol::parse_header([left[0], left[1], left[2], left[3], left[4]])
+                    protocol::parse_header([left[0], left[1], left[2], left[3], left[4]], MAX_PAYLOAD)
                         .expect("a valid header was left undecoded");
                 assert!(
                     left.len() < HEADER + len,

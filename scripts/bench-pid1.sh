@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tfinit against tini, dumb-init and catatonit as PID 1, side by side in one run (issue 2):
 #   - signal-forwarding latency: SIGTERM to the init until its child has it (p50, p99);
+#   - CPU per forwarded signal: the init's CPU time (all its threads) per SIGUSR1, and for the
+#     SIGTERM that begins its shutdown;
 #   - reaping: 20,000 orphans at once, from the spawner's exit until none is left;
 #   - the init's memory while it supervises an idle child (VmRSS and Pss);
 #   - start-to-exec (the init's clone until its child's main) and a whole `INIT -- /bin/true`;
@@ -36,6 +38,8 @@ if [ "${1:-}" = --write ]; then
 fi
 TRIALS=${1:-200}
 REAP_TRIALS=${BENCH_REAP_TRIALS:-15}
+CPU_TRIALS=${BENCH_CPU_TRIALS:-100}
+CPU_SIGNALS=20
 ORPHANS=20000
 RSS_TRIALS=5
 
@@ -81,6 +85,7 @@ run() { # run WHAT ARGS... : prints and keeps the driver's lines in $WORK/WHAT
 }
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 run latency "$TRIALS" "${INITS[@]}" "none="
+run cpu "$CPU_TRIALS" "$CPU_SIGNALS" "${INITS[@]}"
 run lifecycle "$TRIALS" "${INITS[@]}" "none="
 run true "$TRIALS" "${INITS[@]}" "none="
 run rss "$RSS_TRIALS" "${INITS[@]}"
@@ -94,7 +99,7 @@ get() {
                   for (j = i + 1; j < NF; j++) if ($j == k2) { print $(j+1); exit } } }' "$WORK/$1"
 }
 failures=$(awk '{ for (i = 2; i < NF; i++) if ($i == "failed" && $(i+1) != 0) print FILENAME ": " $0 }' \
-    "$WORK"/latency "$WORK"/lifecycle "$WORK"/true "$WORK"/rss "$WORK"/reap | sed "s|$WORK/||")
+    "$WORK"/latency "$WORK"/cpu "$WORK"/lifecycle "$WORK"/true "$WORK"/rss "$WORK"/reap | sed "s|$WORK/||")
 if [ -n "$failures" ]; then
     echo "bench-pid1: some trials failed:" >&2
     echo "$failures" >&2
@@ -106,11 +111,14 @@ best() { # best WHAT FIELD [FIELD2] -> "VALUE NAME"
     shift
     for n in tini dumb-init catatonit; do echo "$(get "$what" "$n" "$@") $n"; done | sort -g | head -1
 }
-# verdict MINE "BEST NAME" UNIT: "met: ..." when MINE <= BEST, else "missed: ...".
+# verdict MINE "BEST NAME" UNIT [FACTOR]: "met: ..." when MINE <= BEST * FACTOR (default 1),
+# else "missed: ..."; with a FACTOR, the line gives MINE / BEST.
 verdict() {
-    awk -v m="$1" -v b="${2%% *}" -v who="${2#* }" -v u="$3" 'BEGIN {
-        if (m + 0 <= b + 0) printf "met: %s %s vs %s %s %s\n", m, u, who, b, u
-        else printf "missed: %s %s vs %s %s %s (+%.0f%%)\n", m, u, who, b, u, (m - b) * 100 / b }'
+    awk -v m="$1" -v b="${2%% *}" -v who="${2#* }" -v u="$3" -v f="${4:-}" 'BEGIN {
+        r = sprintf("%s %s vs %s %s %s", m, u, who, b, u)
+        if (f != "") { printf "%s: %s (%.2fx)\n", (m + 0 <= b * f ? "met" : "missed"), r, m / b; exit }
+        if (m + 0 <= b + 0) printf "met: %s\n", r
+        else printf "missed: %s (+%.0f%%)\n", r, (m - b) * 100 / b }'
 }
 
 size() { stat -L -c %s "$1"; }
@@ -122,6 +130,7 @@ row() { # row LABEL CELL_FN: one table row, CELL_FN NAME prints a cell
     echo "$line"
 }
 c_latency() { echo "$(get latency "$1" p50) / $(get latency "$1" p99)"; }
+c_cpu() { [ "$1" = none ] && echo "—" || echo "$(get cpu "$1" cpu_us median) / $(get cpu "$1" term_cpu_us median)"; }
 c_reap() { [ "$1" = none ] && echo "—" || echo "$(get reap "$1" reap_ms median) (max $(get reap "$1" max))"; }
 c_rss() { [ "$1" = none ] && echo "—" || echo "$(get rss "$1" rss_kib median) / $(get rss "$1" pss_kib median)"; }
 c_start() { get lifecycle "$1" start_us p50; }
@@ -152,6 +161,7 @@ section="$WORK/section.md"
     echo "| | tfinit | tini | dumb-init | catatonit | none |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"
     row "SIGTERM forwarding latency, p50 / p99 (µs)" c_latency
+    row "CPU per forwarded signal, SIGUSR1 / SIGTERM, median (µs)" c_cpu
     row "reap $ORPHANS orphans, median (ms)" c_reap
     row "memory supervising an idle child, VmRSS / Pss (KiB)" c_rss
     row "start-to-exec, p50 (µs)" c_start
@@ -160,7 +170,10 @@ section="$WORK/section.md"
     row "binary size" c_bin
     echo
     echo "- *Latency*: from kill(SIGTERM) on the init to the child's sigwaitinfo returning (the child"
-    echo "  blocks SIGTERM; each init started 20 ms earlier and waits). *Reap*: the spawner forks the"
+    echo "  blocks SIGTERM; each init started 20 ms earlier and waits). *CPU*: the init's CPU time, all"
+    echo "  its threads (/proc/PID/task/*/schedstat), over $CPU_SIGNALS SIGUSR1s sent one at a time (each after"
+    echo "  the child had the last), per signal; then for one SIGTERM (tfinit's begins its shutdown and"
+    echo "  logs it); each reading 5 ms after the child had the signal; $CPU_TRIALS inits each. *Reap*: the spawner forks the"
     echo "  orphans, which exit at once, and exits; from then until /proc shows only the init and the"
     echo "  measuring child (polled every 0.5 ms, reading /proc only up to a third process)."
     echo "  *Start-to-exec*: from clone() to the child's main; it includes the namespace's creation"
@@ -172,6 +185,10 @@ section="$WORK/section.md"
     echo "  - latency p50: $(verdict "$(get latency tfinit p50)" "$(best latency p50)" µs)"
     echo "  - reaping: $(verdict "$(get reap tfinit reap_ms median)" "$(best reap reap_ms median)" ms)"
     echo "  - exit time p50: $(verdict "$(get lifecycle tfinit exit_us p50)" "$(best lifecycle exit_us p50)" µs)"
+    echo "- Targets (issue 25), tfinit within 1.5x of the best of the three peers:"
+    echo "  - CPU per forwarded signal (SIGUSR1): $(verdict "$(get cpu tfinit cpu_us median)" "$(best cpu cpu_us median)" µs 1.5)"
+    echo "  - CPU for the stop signal (SIGTERM): $(verdict "$(get cpu tfinit term_cpu_us median)" "$(best cpu term_cpu_us median)" µs 1.5)"
+    echo "  - exit time p50: $(verdict "$(get lifecycle tfinit exit_us p50)" "$(best lifecycle exit_us p50)" µs 1.5)"
     echo "  - memory under 2 MiB: $([ "$rss_kib" -lt 2048 ] && echo met || echo missed): VmRSS $rss_kib KiB"
     echo "  - static binary under 2 MiB: $([ "$(bench_static "$TFINIT_BIN")" = static ] && [ "$tf_size" -lt 2097152 ] && echo met || echo missed): $tf_size bytes, $(bench_static "$TFINIT_BIN")"
 } >"$section"
@@ -239,6 +256,8 @@ if [ -n "$BASE_BIN" ]; then
         echo "| | base | this build | change |"
         echo "| --- | ---: | ---: | ---: |"
         ab "latency p50 (µs)" latency p50
+        ab "CPU per SIGUSR1, median (µs)" cpu cpu_us median
+        ab "CPU for the SIGTERM, median (µs)" cpu term_cpu_us median
         ab "exit p50 (µs)" lifecycle exit_us p50
         ab "reap $ORPHANS orphans, median (ms)" reap reap_ms median
         ab "VmRSS idle, median (KiB)" rss rss_kib median

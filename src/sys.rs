@@ -305,6 +305,60 @@ pub(crate) fn wait_signal(
     }
 }
 
+/// Signals read from a signalfd in one read(2): up to [`SignalBatch::CAP`] at once.
+pub(crate) struct SignalBatch {
+    /// Filled by the kernel up to `len`; the rest is never read (not zeroed on each wake-up).
+    infos: [std::mem::MaybeUninit<libc::signalfd_siginfo>; SignalBatch::CAP],
+    len: usize,
+}
+
+impl SignalBatch {
+    /// How many signals one read takes.
+    pub(crate) const CAP: usize = 8;
+
+    /// An empty batch.
+    pub(crate) fn new() -> SignalBatch {
+        SignalBatch {
+            infos: [std::mem::MaybeUninit::uninit(); SignalBatch::CAP],
+            len: 0,
+        }
+    }
+
+    /// Reads what `sigfd` (non-blocking) holds, as much as fits, replacing the batch's contents:
+    /// Ok(n) signals, 0 when none was pending. Fewer than [`Self::CAP`] means the queue was
+    /// emptied, so the caller needs no further read (which would only say EAGAIN).
+    pub(crate) fn read(&mut self, sigfd: std::os::fd::BorrowedFd<'_>) -> Result<usize, Errno> {
+        self.len = 0;
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: the buffer is `infos`, valid and writable for CAP * size bytes for the call.
+        let rc = unsafe {
+            libc::read(
+                sigfd.as_raw_fd(),
+                self.infos.as_mut_ptr().cast(),
+                SignalBatch::CAP * size,
+            )
+        };
+        match Errno::result(rc) {
+            Ok(bytes) => {
+                self.len = (bytes as usize / size).min(SignalBatch::CAP);
+                Ok(self.len)
+            }
+            Err(Errno::EAGAIN) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Each signal read: its number and the sender's pid (0 when the kernel sent it).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SigNo, i32)> + '_ {
+        self.infos[..self.len].iter().map(|i| {
+            // SAFETY: the first `len` entries were written whole by the last read: a signalfd
+            // returns whole signalfd_siginfo records only, plain integers.
+            let i = unsafe { i.assume_init_ref() };
+            (i.ssi_signo as SigNo, i.ssi_pid as i32)
+        })
+    }
+}
+
 /// Sends `bytes` with `fd` attached as SCM_RIGHTS (blocking socket); returns bytes sent.
 pub fn send_with_fd(
     sock: std::os::fd::BorrowedFd<'_>,

@@ -3,6 +3,9 @@
 // reporting CLOCK_MONOTONIC timestamps through an inherited pipe.
 //
 //   pid1bench latency N   SPEC...   SIGTERM to the init -> the child has it (a fresh init each)
+//   pid1bench cpu N K     SPEC...   K SIGUSR1s to the init, one at a time, then a SIGTERM: the
+//                                   init's CPU time (every thread's, /proc/PID/task/*/schedstat)
+//                                   per SIGUSR1, and for the SIGTERM
 //   pid1bench lifecycle N SPEC...   clone -> child's main (start-to-exec); child's last
 //                                   instruction -> init reaped (child exit to init exit)
 //   pid1bench true N      SPEC...   clone -> `INIT /bin/true` reaped (a whole run)
@@ -78,6 +81,19 @@ static int child_main(int argc, char **argv) {
         while (sigwaitinfo(&s, &info) < 0 && errno == EINTR) {}
         report(fd, 'T', now_ns(), 0);
         return 0;
+    }
+    if (!strcmp(mode, "usr1")) {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGUSR1);
+        sigaddset(&s, SIGTERM);
+        sigprocmask(SIG_BLOCK, &s, NULL);
+        report(fd, 'R', 0, 0);
+        for (;;) {
+            siginfo_t info;
+            if (sigwaitinfo(&s, &info) < 0) continue;
+            report(fd, info.si_signo == SIGTERM ? 'T' : 'U', 0, 0);
+        }
     }
     if (!strcmp(mode, "stamp")) {
         report(fd, 'S', t_main, 0);
@@ -210,6 +226,29 @@ static long status_kib(pid_t pid, const char *file, const char *key) {
     return v;
 }
 
+// CPU time (ns) every thread of `pid` has run so far: the first field of each
+// /proc/PID/task/TID/schedstat (the scheduler's sum_exec_runtime, exact, not sampled by ticks).
+static int64_t cpu_ns(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int64_t sum = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char f[320];
+        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", pid, e->d_name);
+        FILE *s = fopen(f, "r");
+        if (!s) continue;
+        long long ns = 0;
+        if (fscanf(s, "%lld", &ns) == 1) sum += ns;
+        fclose(s);
+    }
+    closedir(d);
+    return sum;
+}
+
 // argv for one run: INIT... + [self, "child", mode, fd, extra...]
 static char **build(char **init, int ninit, const char *self, const char *mode, int fd,
                     const char *extra) {
@@ -245,7 +284,8 @@ struct init {
 };
 
 // One trial of `what` for one init; stores its samples at index init->ok, or counts a failure.
-static void trial(const char *what, struct init *in, const char *self, const char *k_orphans) {
+// `k` is the third argument of `reap` (orphans) and `cpu` (signals per trial).
+static void trial(const char *what, struct init *in, const char *self, const char *k) {
     int p[2];
     if (pipe(p)) die("pipe");
     fcntl(p[0], F_SETFD, FD_CLOEXEC);
@@ -267,6 +307,36 @@ static void trial(const char *what, struct init *in, const char *self, const cha
             else in->a[i] = t1 - t0;
         }
         if (failed) kill(r.pid, SIGKILL);
+        reap(r.pid, NULL);
+        close(r.rd);
+    } else if (!strcmp(what, "cpu")) {
+        // K SIGUSR1s one at a time (each waits for the child's report, so none coalesce) to an
+        // init that has settled: the init's CPU over all of them, per signal (a, ns); then one
+        // SIGTERM, the stop signal, and the init's CPU for it (b, ns). Each reading waits 5 ms
+        // after the child's report, so what the init does after its kill(2) is counted too.
+        struct run r = start(build(in->argv, in->n, self, "usr1", fd, NULL), 0, p);
+        int nsig = atoi(k);
+        if (expect(r.rd, 'R', NULL, NULL)) failed = 1;
+        else {
+            sleep_ms(20);
+            int64_t c0 = cpu_ns(r.pid);
+            for (int s = 0; s < nsig && !failed; s++) {
+                kill(r.pid, SIGUSR1);
+                if (expect(r.rd, 'U', NULL, NULL)) failed = 1;
+            }
+            sleep_ms(5);
+            int64_t c1 = cpu_ns(r.pid);
+            kill(r.pid, SIGTERM);
+            if (expect(r.rd, 'T', NULL, NULL)) failed = 1;
+            sleep_ms(5);
+            int64_t c2 = cpu_ns(r.pid);
+            if (c0 < 0 || c1 < 0 || c2 < 0) failed = 1;
+            if (!failed) {
+                in->a[i] = (c1 - c0) / nsig;
+                in->b[i] = c2 - c1;
+            }
+        }
+        kill(r.pid, SIGKILL);
         reap(r.pid, NULL);
         close(r.rd);
     } else if (!strcmp(what, "lifecycle")) {
@@ -301,7 +371,7 @@ static void trial(const char *what, struct init *in, const char *self, const cha
         reap(r.pid, NULL);
         close(r.rd);
     } else if (!strcmp(what, "reap")) {
-        struct run r = start(build(in->argv, in->n, self, "orphans", fd, k_orphans), 1, p);
+        struct run r = start(build(in->argv, in->n, self, "orphans", fd, k), 1, p);
         int64_t spawn, gone;
         if (expect(r.rd, 'O', &spawn, &gone)) {
             failed = 1;
@@ -323,15 +393,15 @@ static void trial(const char *what, struct init *in, const char *self, const cha
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "child")) return child_main(argc - 2, argv + 2);
     int first = 3;
-    if (argc >= 2 && !strcmp(argv[1], "reap")) first = 4;
+    if (argc >= 2 && (!strcmp(argv[1], "reap") || !strcmp(argv[1], "cpu"))) first = 4;
     if (argc <= first) {
         fprintf(stderr, "usage: pid1bench latency|lifecycle|true|rss N 'NAME=INIT ARGV'...\n"
-                        "       pid1bench reap N K 'NAME=INIT ARGV'...\n");
+                        "       pid1bench reap|cpu N K 'NAME=INIT ARGV'...\n");
         return 2;
     }
     const char *what = argv[1];
     int n = atoi(argv[2]);
-    const char *k_orphans = first == 4 ? argv[3] : NULL;
+    const char *k = first == 4 ? argv[3] : NULL;
     int ninits = argc - first;
     struct init *inits = calloc(ninits, sizeof *inits);
     for (int j = 0; j < ninits; j++) {
@@ -351,7 +421,7 @@ int main(int argc, char **argv) {
     self[sl] = 0;
     // Interleaved, in a rotating order, so that load from elsewhere spreads over every init.
     for (int t = 0; t < n; t++)
-        for (int j = 0; j < ninits; j++) trial(what, &inits[(t + j) % ninits], self, k_orphans);
+        for (int j = 0; j < ninits; j++) trial(what, &inits[(t + j) % ninits], self, k);
     for (int j = 0; j < ninits; j++) {
         struct init *in = &inits[j];
         int ok = in->ok;
@@ -367,7 +437,11 @@ int main(int argc, char **argv) {
             int64_t s50 = pct(in->a, ok, 50), e50 = pct(in->b, ok, 50), e99 = pct(in->b, ok, 99);
             printf("start_us p50 %.1f exit_us p50 %.1f p99 %.1f n %d failed %d\n", s50 / 1e3,
                    e50 / 1e3, e99 / 1e3, ok, in->bad);
-        } else if (!strcmp(what, "true"))
+        } else if (!strcmp(what, "cpu"))
+            printf("cpu_us median %.1f p90 %.1f term_cpu_us median %.1f p90 %.1f n %d failed %d\n",
+                   pct(in->a, ok, 50) / 1e3, pct(in->a, ok, 90) / 1e3, pct(in->b, ok, 50) / 1e3,
+                   pct(in->b, ok, 90) / 1e3, ok, in->bad);
+        else if (!strcmp(what, "true"))
             printf("true_us p50 %.1f n %d failed %d\n", pct(in->a, ok, 50) / 1e3, ok, in->bad);
         else if (!strcmp(what, "rss"))
             printf("rss_kib median %lld pss_kib median %lld n %d failed %d\n",

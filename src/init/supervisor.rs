@@ -278,12 +278,20 @@ impl Init {
 
     // ----- signals: forwarded to the controller (the hot path), or acted on -----
 
-    /// Reads every pending signal from the signalfd.
+    /// Reads every pending signal from the signalfd, several per read(2): a batch that comes
+    /// back short emptied the queue, so the usual wake-up costs one read, not a second for EAGAIN.
     pub(super) fn on_signals(&mut self) {
+        let mut batch = sys::SignalBatch::new();
         loop {
-            match self.sigfd.read_signal() {
-                Ok(Some(info)) => self.on_signal(info.ssi_signo as SigNo, info.ssi_pid as i32),
-                Ok(None) => return,
+            match batch.read(self.sigfd.as_fd()) {
+                Ok(n) => {
+                    for (signo, sender) in batch.iter() {
+                        self.on_signal(signo, sender);
+                    }
+                    if n < sys::SignalBatch::CAP {
+                        return;
+                    }
+                }
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
                     if let Some(held_back) = self.warn.signals.allow(Instant::now()) {
@@ -302,6 +310,12 @@ impl Init {
                 // The kill first, the bookkeeping after: the controller's latency is what the
                 // init does between reading the signal and kill(2), so nothing else runs there.
                 let forwarded = self.forward_now(s);
+                if matches!(forwarded, (_, Some((_, Ok(()))))) {
+                    // Let the woken controller run before we spend our time slice on logs and
+                    // the timeline: on a busy node it often shares our CPU (forwarding latency,
+                    // benchmarks). Other signals have nothing after the kill worth a syscall.
+                    std::thread::yield_now();
+                }
                 let t = self.timeline.on_stop_signal(Instant::now());
                 // Logged after the timeline moved, so with the phase and deadline it belongs to;
                 // the transition's own signals (if any) follow the forward.
@@ -332,11 +346,6 @@ impl Init {
             return (to, None);
         };
         let sent = sys::kill(target, to);
-        if sent.is_ok() {
-            // Let the woken controller run before we spend our time slice on logs and the
-            // timeline: on a busy node it often shares our CPU (forwarding latency, benchmarks).
-            std::thread::yield_now();
-        }
         if target == Target::Group(main) && matches!(signals::classify(to), Incoming::Shutdown(_)) {
             self.children.group_stopped();
         }

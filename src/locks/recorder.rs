@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -240,7 +240,7 @@ pub struct Gone;
 pub struct Recorder {
     requests: Sender<Request>,
     completions: Receiver<Completion>,
-    ready: Arc<EventFd>,
+    ready: Arc<Doorbell>,
     /// Record writes (create, progress, end, remove) asked for and not finished.
     writes: Arc<AtomicUsize>,
 }
@@ -250,10 +250,11 @@ impl Recorder {
     /// first and reports [`Completion::Opened`]. Fails only when the eventfd or the thread cannot
     /// be created.
     pub fn start(store: Box<dyn Store>, me: Owner, ttl: Duration) -> io::Result<Recorder> {
-        let ready = Arc::new(
-            EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+        let ready = Arc::new(Doorbell {
+            fd: EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
                 .map_err(io::Error::from)?,
-        );
+            unread: AtomicU64::new(0),
+        });
         let (requests, inbox) = mpsc::channel();
         let (outbox, completions) = mpsc::channel();
         let writes = Arc::new(AtomicUsize::new(0));
@@ -289,7 +290,7 @@ impl Recorder {
 
     /// The descriptor to register in epoll (readable when completions are waiting).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.ready.as_fd()
+        self.ready.fd.as_fd()
     }
 
     /// Queues `request`; never blocks.
@@ -308,8 +309,8 @@ impl Recorder {
 
     /// Every completion waiting (resets the eventfd first, so none is missed); never blocks.
     pub fn take_completions(&self) -> Vec<Completion> {
-        // EAGAIN: nothing was signalled, but a completion may still be in the channel.
-        let _ = self.ready.read();
+        // Reset first: a completion that comes after is in the channel, or rings again.
+        self.ready.clear();
         self.completions.try_iter().collect()
     }
 
@@ -335,7 +336,7 @@ impl Recorder {
             let left = (deadline - now).min(Duration::from_millis(100));
             let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(100);
             let mut fds = [nix::poll::PollFd::new(
-                self.ready.as_fd(),
+                self.ready.fd.as_fd(),
                 nix::poll::PollFlags::POLLIN,
             )];
             // EINTR or an error: the loop above re-checks the deadline.
@@ -354,10 +355,39 @@ fn is_write(r: &Request) -> bool {
     )
 }
 
+/// The eventfd that wakes the loop when completions wait, and how many rings it holds that the
+/// loop has not read. The loop looks for news on every wake-up (each signal forwarded, too):
+/// with the count it skips the read(2) that would only say EAGAIN.
+#[derive(Debug)]
+struct Doorbell {
+    fd: EventFd,
+    /// Rings counted before they are written, so the eventfd is never readable while this is 0.
+    unread: AtomicU64,
+}
+
+impl Doorbell {
+    /// Wakes the loop (the thread's side).
+    fn ring(&self) {
+        self.unread.fetch_add(1, Ordering::SeqCst);
+        let _ = self.fd.write(1);
+    }
+
+    /// Resets the eventfd when it may be readable (the loop's side); never blocks.
+    fn clear(&self) {
+        if self.unread.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        // EAGAIN: counted but not written yet; its write makes the eventfd readable again.
+        if let Ok(n) = self.fd.read() {
+            self.unread.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The thread's side of the completion channel.
 struct Outbox {
     tx: Sender<Completion>,
-    ready: Arc<EventFd>,
+    ready: Arc<Doorbell>,
     writes: Arc<AtomicUsize>,
 }
 
@@ -365,7 +395,7 @@ impl Outbox {
     fn send(&self, c: Completion) {
         // The loop is gone only when the init exits: nobody to tell.
         let _ = self.tx.send(c);
-        let _ = self.ready.write(1);
+        self.ready.ring();
     }
 
     /// Queues `c` without waking the loop: news nobody waits for (a heartbeat that went well, the
@@ -380,7 +410,7 @@ impl Outbox {
     fn done(&self, n: usize) {
         if n > 0 {
             self.writes.fetch_sub(n, Ordering::SeqCst);
-            let _ = self.ready.write(1);
+            self.ready.ring();
         }
     }
 }

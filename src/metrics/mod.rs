@@ -10,7 +10,7 @@
 //! end in `_total`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeMetric;
@@ -46,21 +46,36 @@ pub struct Metrics {
     registry: Registry,
     runs_total: Family<RunLabels, Counter>,
     run_duration: Family<SubcommandLabels, Histogram, fn() -> Histogram>,
-    runs: Family<StateLabels, Gauge>,
     zombies: Counter,
     signals: Family<SignalLabels, Counter>,
     force_unlocks: Family<UnlockLabels, Counter>,
     unknown_wordings: Family<BackendLabels, Counter>,
     needing_person: Gauge,
     orphan_candidates: Counter,
-    store_state: Family<NameLabels, Gauge>,
-    shutdown_phase: Family<PhaseLabels, Gauge>,
     cancels: Family<CancelLabels, Counter>,
     accept_pauses: Family<PauseLabels, Counter>,
     dropped: Family<DroppedLabels, Counter>,
     control_connections: Gauge,
     heartbeat: Arc<HeartbeatAge>,
+    /// `tfinit_runs`, `tfinit_records_store_state` and `tfinit_shutdown_phase` (registered,
+    /// reached through these handles only), and handles on the signals' series: what the loop
+    /// records on every wake-up or signal is then an atomic store, without hashing a label set
+    /// and taking the family's lock.
+    hot: Hot,
 }
+
+/// Series the loop sets on every wake-up, by their label's position in its `ALL` list, and
+/// the forwarded-signal series by signal number (made at first forward, like the family's).
+#[derive(Debug)]
+struct Hot {
+    runs: [Gauge; RunState::ALL.len()],
+    store_state: [Gauge; StoreStatus::ALL.len()],
+    phase: [Gauge; Phase::ALL.len()],
+    signals: [OnceLock<Counter>; SIGNALS],
+}
+
+/// Signal numbers 0..=64 (SIGRTMAX on Linux).
+const SIGNALS: usize = 65;
 
 /// `tfinit_heartbeat_age_seconds`, computed at each scrape from when the last heartbeat that
 /// landed was written (so an idle init needs no timer to keep it current).
@@ -117,21 +132,16 @@ impl Metrics {
         // The small families' label sets now (a record then never takes their write lock). The
         // per-subcommand and per-signal ones are made at first use: made up front they would
         // cost about 300 KiB of an idle init's memory (measured), for series that mostly stay 0.
-        for state in RunState::ALL {
-            let _ = runs.get_or_create(&StateLabels { state });
-        }
         // tfinit_force_unlocks_total's series are made at first use too (90 label sets).
-        for state in StoreStatus::ALL {
-            let _ = store_state.get_or_create(&NameLabels { state });
-        }
-        for phase in Phase::ALL {
-            let _ = shutdown_phase.get_or_create(&PhaseLabels { phase });
-        }
-        shutdown_phase
-            .get_or_create(&PhaseLabels {
-                phase: Phase::Running,
-            })
-            .set(1);
+        let hot = Hot {
+            runs: RunState::ALL.map(|state| runs.get_or_create(&StateLabels { state }).clone()),
+            store_state: StoreStatus::ALL
+                .map(|state| store_state.get_or_create(&NameLabels { state }).clone()),
+            phase: Phase::ALL
+                .map(|phase| shutdown_phase.get_or_create(&PhaseLabels { phase }).clone()),
+            signals: [const { OnceLock::new() }; SIGNALS],
+        };
+        hot.set_phase(Phase::Running);
         for how in [Cancel::Graceful, Cancel::Force] {
             let _ = cancels.get_or_create(&CancelLabels { how });
         }
@@ -145,7 +155,7 @@ impl Metrics {
             "How long terraform runs took, from the shim's request to terraform's exit",
             run_duration.clone(),
         );
-        registry.register("runs", "terraform runs now, by state", runs.clone());
+        registry.register("runs", "terraform runs now, by state", runs);
         registry.register(
             "zombies_reaped",
             "Processes the init reaped (terraform, the controller, adopted orphans)",
@@ -159,12 +169,12 @@ impl Metrics {
         registry.register(
             "records_store_state",
             "State of the lock-owner records store (1 for the current state)",
-            store_state.clone(),
+            store_state,
         );
         registry.register(
             "shutdown_phase",
             "Phase of the init (1 for the current phase)",
-            shutdown_phase.clone(),
+            shutdown_phase,
         );
         registry.register(
             "force_unlocks",
@@ -222,20 +232,18 @@ impl Metrics {
             registry,
             runs_total,
             run_duration,
-            runs,
             zombies,
             signals,
             force_unlocks,
             unknown_wordings,
             needing_person,
             orphan_candidates,
-            store_state,
-            shutdown_phase,
             cancels,
             accept_pauses,
             dropped,
             control_connections,
             heartbeat,
+            hot,
         }
     }
 
@@ -258,8 +266,8 @@ impl Metrics {
 
     /// How many runs are in each state now.
     pub fn set_runs(&self, counts: RunCounts) {
-        for (state, n) in RunState::ALL.into_iter().zip(counts) {
-            self.runs.get_or_create(&StateLabels { state }).set(n);
+        for (gauge, n) in self.hot.runs.iter().zip(counts) {
+            gauge.set(n);
         }
     }
 
@@ -270,8 +278,17 @@ impl Metrics {
 
     /// Signal `signo` was forwarded.
     pub fn forwarded(&self, signo: SigNo) {
-        let signal = signal_label(signo);
-        self.signals.get_or_create(&SignalLabels { signal }).inc();
+        let series = || {
+            let signal = signal_label(signo);
+            self.signals.get_or_create(&SignalLabels { signal }).clone()
+        };
+        match usize::try_from(signo)
+            .ok()
+            .and_then(|n| self.hot.signals.get(n))
+        {
+            Some(cached) => cached.get_or_init(series).inc(),
+            None => series().inc(),
+        };
     }
 
     /// A recovery of one record ended with `outcome` on `backend`, and named `orphans` resources
@@ -299,10 +316,8 @@ impl Metrics {
 
     /// The records store is in `state`.
     pub fn set_store_state(&self, state: StoreStatus) {
-        for s in StoreStatus::ALL {
-            self.store_state
-                .get_or_create(&NameLabels { state: s })
-                .set(i64::from(s == state));
+        for (s, gauge) in StoreStatus::ALL.into_iter().zip(&self.hot.store_state) {
+            gauge.set(i64::from(s == state));
         }
     }
 
@@ -314,11 +329,7 @@ impl Metrics {
 
     /// The init is in `phase`.
     pub(crate) fn set_phase(&self, phase: Phase) {
-        for p in Phase::ALL {
-            self.shutdown_phase
-                .get_or_create(&PhaseLabels { phase: p })
-                .set(i64::from(p == phase));
-        }
+        self.hot.set_phase(phase);
     }
 
     /// A run was cancelled.
@@ -357,6 +368,14 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+impl Hot {
+    fn set_phase(&self, phase: Phase) {
+        for (p, gauge) in Phase::ALL.into_iter().zip(&self.phase) {
+            gauge.set(i64::from(p == phase));
+        }
     }
 }
 

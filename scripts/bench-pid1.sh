@@ -77,15 +77,23 @@ BASE_BIN=${TFINIT_BASE_BIN:+$(readlink -f "$TFINIT_BASE_BIN")}
 [ -n "$BASE_BIN" ] && INITS=("${INITS[0]}" "tfinit-base=$BASE_BIN --" "${INITS[@]:1}")
 NAMES=(tfinit tini dumb-init catatonit)
 
+PREFIX=() # what runs the driver (taskset, for the CPU measure)
 run() { # run WHAT ARGS... : prints and keeps the driver's lines in $WORK/WHAT
     local what=$1
     shift
     echo "bench-pid1: $what $*" | sed "s|$WORK/||g" >&2
-    "$B" "$what" "$@" | tee "$WORK/$what" >&2
+    "${PREFIX[@]}" "$B" "$what" "$@" | tee "$WORK/$what" >&2
 }
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 run latency "$TRIALS" "${INITS[@]}" "none="
+# On one CPU: across two, each signal's wake-up may land on an idle vCPU (an IPI out of halt:
+# ~30 µs per signal on this VM, for every init alike), and which of the two happens decides the
+# median; on one CPU the figure is each init's own work per signal, run after run.
+PIN=(taskset -c 0)
+command -v taskset >/dev/null || PIN=()
+PREFIX=("${PIN[@]}")
 run cpu "$CPU_TRIALS" "$CPU_SIGNALS" "${INITS[@]}"
+PREFIX=()
 run lifecycle "$TRIALS" "${INITS[@]}" "none="
 run true "$TRIALS" "${INITS[@]}" "none="
 run rss "$RSS_TRIALS" "${INITS[@]}"
@@ -173,7 +181,8 @@ section="$WORK/section.md"
     echo "  blocks SIGTERM; each init started 20 ms earlier and waits). *CPU*: the init's CPU time, all"
     echo "  its threads (/proc/PID/task/*/schedstat), over $CPU_SIGNALS SIGUSR1s sent one at a time (each after"
     echo "  the child had the last), per signal; then for one SIGTERM (tfinit's begins its shutdown and"
-    echo "  logs it); each reading 5 ms after the child had the signal; $CPU_TRIALS inits each. *Reap*: the spawner forks the"
+    echo "  logs it); each reading 5 ms after the child had the signal; $CPU_TRIALS inits each, all on one"
+    echo "  CPU (\`taskset -c 0\`: across two, idle-vCPU wake-ups decide the median). *Reap*: the spawner forks the"
     echo "  orphans, which exit at once, and exits; from then until /proc shows only the init and the"
     echo "  measuring child (polled every 0.5 ms, reading /proc only up to a third process)."
     echo "  *Start-to-exec*: from clone() to the child's main; it includes the namespace's creation"

@@ -325,8 +325,7 @@ impl SignalBatch {
     }
 
     /// Reads what `sigfd` (non-blocking) holds, as much as fits, replacing the batch's contents:
-    /// Ok(n) signals, 0 when none was pending. Fewer than [`Self::CAP`] means the queue was
-    /// emptied, so the caller needs no further read (which would only say EAGAIN).
+    /// Ok(n) signals, 0 when none was pending.
     pub(crate) fn read(&mut self, sigfd: std::os::fd::BorrowedFd<'_>) -> Result<usize, Errno> {
         self.len = 0;
         let size = std::mem::size_of::<libc::signalfd_siginfo>();

@@ -278,18 +278,17 @@ impl Init {
 
     // ----- signals: forwarded to the controller (the hot path), or acted on -----
 
-    /// Reads every pending signal from the signalfd, several per read(2): a batch that comes
-    /// back short emptied the queue, so the usual wake-up costs one read, not a second for EAGAIN.
+    /// Reads every pending signal from the signalfd, several per read(2), until none is left:
+    /// a signal that came while we forwarded the last (the woken controller often runs first)
+    /// is taken here, without another trip through epoll_wait and the loop's timers.
     pub(super) fn on_signals(&mut self) {
         let mut batch = sys::SignalBatch::new();
         loop {
             match batch.read(self.sigfd.as_fd()) {
-                Ok(n) => {
+                Ok(0) => return,
+                Ok(_) => {
                     for (signo, sender) in batch.iter() {
                         self.on_signal(signo, sender);
-                    }
-                    if n < sys::SignalBatch::CAP {
-                        return;
                     }
                 }
                 Err(Errno::EINTR) => continue,

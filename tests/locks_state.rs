@@ -187,7 +187,8 @@ fn progress(file: &Path) -> String {
 }
 
 /// A pod script's steps: it waits for a file per step (`go`), its runs write their output to
-/// `<dir>/<run>.out` and a line `<run> <exit code>` to `<dir>/done`.
+/// `<dir>/<run>.out` and a line `<run> <exit code>` to `<dir>/done` (the progress file). Its
+/// methods make the script's lines, so that each line of a test's script says what it is.
 struct Steps {
     dir: PathBuf,
 }
@@ -207,6 +208,28 @@ impl Steps {
         )
     }
 
+    /// The sh line that starts `command` in the background as run `run`.
+    fn start(&self, run: &str, command: &str) -> String {
+        format!("{command} > {} 2>&1 &", self.out_file(run).display())
+    }
+
+    /// The sh line that runs `command` as run `run`, then writes `<run> <exit code>` to the
+    /// progress file.
+    fn run(&self, run: &str, command: &str) -> String {
+        let done = self.say(&format!("{run} $?"));
+        format!("{command} > {} 2>&1; {done}", self.out_file(run).display())
+    }
+
+    /// The sh line that writes `line` to the progress file.
+    fn say(&self, line: &str) -> String {
+        format!("echo \"{line}\" >> {}", self.dir.join("done").display())
+    }
+
+    /// The script of `lines`.
+    fn script(lines: &[String]) -> String {
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
     /// Lets the script past `step`.
     fn go(&self, step: &str) {
         fs::write(self.dir.join(step), "").unwrap();
@@ -223,7 +246,12 @@ impl Steps {
 
     /// What run `run` printed.
     fn out(&self, run: &str) -> String {
-        read(&self.dir.join(format!("{run}.out")))
+        read(&self.out_file(run))
+    }
+
+    /// Where run `run`'s output goes.
+    fn out_file(&self, run: &str) -> PathBuf {
+        self.dir.join(format!("{run}.out"))
     }
 }
 
@@ -274,24 +302,28 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     let other = other_path(&w, how);
     let chdir = format!("-chdir={}", other.display());
     let steps = Steps::new(&w);
-    let (t, done) = (&steps.dir, steps.dir.join("done"));
-    let apply = "terraform apply -auto-approve -input=false -no-color";
-    let script = format!(
-        "{apply} > {t}/r2.out 2>&1 &\n\
-         {go_r0}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=300s > {t}/r0.out 2>&1 &\n\
-         {go_r3}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
-         wait\n\
-         echo \"r2 done\" >> {done}\n\
-         {go_r4}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
-        t = t.display(),
-        done = done.display(),
-        go_r0 = steps.wait("go-r0"),
-        go_r3 = steps.wait("go-r3"),
-        go_r4 = steps.wait("go-r4"),
-    );
+    let done = steps.dir.join("done");
+    let apply = "apply -auto-approve -input=false -no-color";
+    let script = Steps::script(&[
+        steps.start("r2", &format!("terraform {apply}")),
+        steps.wait("go-r0"),
+        steps.start(
+            "r0",
+            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=300s"),
+        ),
+        steps.wait("go-r3"),
+        steps.run(
+            "r3",
+            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=0s"),
+        ),
+        "wait".into(),
+        steps.say("r2 done"),
+        steps.wait("go-r4"),
+        steps.run(
+            "r4",
+            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=0s"),
+        ),
+    ]);
     let mut pod = Pod::start(
         &w,
         PodSpec {
@@ -431,31 +463,36 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
     fs::create_dir_all(&c).unwrap();
     fs::copy(w.ws.join("main.tf"), c.join("main.tf")).unwrap();
     let steps = Steps::new(&w);
-    let (t, done) = (&steps.dir, steps.dir.join("done"));
+    let done = steps.dir.join("done");
     let init_chdir = format!("-chdir={}", c.display());
-    let init_config: Vec<String> = w.tf.s3_backend_config(&hole, w.lock);
-    let script = format!(
-        "terraform apply -auto-approve -input=false -no-color > {t}/r0.out 2>&1 &\n\
-         {go_init}\n\
-         terraform {init_chdir} init -input=false -no-color {plugins} {config} > {t}/init.out 2>&1 &\n\
-         {go_r3}\n\
-         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
-         {go_r4}\n\
-         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n\
-         wait\n",
-        t = t.display(),
-        done = done.display(),
-        plugins = plugin_dir_arg(),
-        // Single quotes: 1.6+'s `endpoints={s3="..."}` holds double quotes.
-        config = init_config
+    // Single quotes: 1.6+'s `endpoints={s3="..."}` holds double quotes.
+    let init_config =
+        w.tf.s3_backend_config(&hole, w.lock)
             .iter()
             .map(|a| format!("'{a}'"))
             .collect::<Vec<_>>()
-            .join(" "),
-        go_init = steps.wait("go-init"),
-        go_r3 = steps.wait("go-r3"),
-        go_r4 = steps.wait("go-r4"),
-    );
+            .join(" ");
+    let plugins = plugin_dir_arg();
+    let apply = "apply -auto-approve -input=false -no-color";
+    let script = Steps::script(&[
+        steps.start("r0", &format!("terraform {apply}")),
+        steps.wait("go-init"),
+        steps.start(
+            "init",
+            &format!("terraform {init_chdir} init -input=false -no-color {plugins} {init_config}"),
+        ),
+        steps.wait("go-r3"),
+        steps.run(
+            "r3",
+            &format!("TF_VAR_sleep=0 terraform {apply} -lock-timeout=0s"),
+        ),
+        steps.wait("go-r4"),
+        steps.run(
+            "r4",
+            &format!("TF_VAR_sleep=0 terraform {apply} -lock-timeout=0s"),
+        ),
+        "wait".into(),
+    ]);
     let mut pod = Pod::start(
         &w,
         PodSpec {

@@ -68,6 +68,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     let w = S3World::with("lock-ttl", tf, S3Lock::Table);
     let owner_ttl = Duration::from_secs(12);
     let a_out = w.tmp.join("pod-a.out");
+    // pod-a's apply holds its lock until the test opens this gate.
+    let gate = w.tmp.join("gate-a");
     let mut pod_a = Pod::start(
         &w,
         PodSpec {
@@ -75,7 +77,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
             uid: None,
             script: pods::apply_once(&a_out, ""),
             env: vec![
-                ("TF_VAR_sleep", "40".into()),
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
                 ("TFINIT_OWNER_TTL", format!("{}s", owner_ttl.as_secs())),
             ],
         },
@@ -93,6 +96,7 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
     assert!(out.contains("owner alive): left alone"), "{out}");
     assert!(!out.contains("force-unlocked"), "{out}");
+    fs::write(&gate, "").unwrap();
     assert!(pod_a.wait().success(), "{}", pod_a.log());
     let a = read(&a_out.with_extension("out.1"));
     assert!(a.contains("Apply complete!"), "{a}");
@@ -303,26 +307,21 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     let chdir = format!("-chdir={}", other.display());
     let steps = Steps::new(&w);
     let done = steps.dir.join("done");
+    // R2 holds its lock until the test opens this gate (after R3's recovery).
+    let gate = steps.dir.join("r2-gate");
     let apply = "apply -auto-approve -input=false -no-color";
+    // R0, R3 and R4 apply through the other path, without a sleep or a gate.
+    let via_other = format!("TF_VAR_sleep=0 TF_VAR_gate= terraform {chdir} {apply}");
     let script = Steps::script(&[
         steps.start("r2", &format!("terraform {apply}")),
         steps.wait("go-r0"),
-        steps.start(
-            "r0",
-            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=300s"),
-        ),
+        steps.start("r0", &format!("{via_other} -lock-timeout=300s")),
         steps.wait("go-r3"),
-        steps.run(
-            "r3",
-            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=0s"),
-        ),
+        steps.run("r3", &format!("{via_other} -lock-timeout=0s")),
         "wait".into(),
         steps.say("r2 done"),
         steps.wait("go-r4"),
-        steps.run(
-            "r4",
-            &format!("TF_VAR_sleep=0 terraform {chdir} {apply} -lock-timeout=0s"),
-        ),
+        steps.run("r4", &format!("{via_other} -lock-timeout=0s")),
     ]);
     let mut pod = Pod::start(
         &w,
@@ -330,7 +329,10 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
             name: "pod-a",
             uid: None,
             script,
-            env: vec![("TF_VAR_sleep", "40".into())],
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
+            ],
         },
     );
     let lock = wait_for(STEP, "R2's lock", || w.moto.lock(STATE));
@@ -359,6 +361,7 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
         "R2's lock untouched: {}",
         pod.log()
     );
+    fs::write(&gate, "").unwrap();
     steps.until("r2 done", Duration::from_secs(90));
     let r2 = steps.out("r2");
     assert!(r2.contains("Apply complete!"), "{r2}");

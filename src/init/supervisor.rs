@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -38,11 +38,11 @@ use super::runs::Runs;
 use super::setup::Mode;
 use super::shutdown::{Phase, Timeline};
 use super::spawn;
-use super::token;
+use super::token::{self, ConnId};
 use crate::config::InitConfig;
 use crate::locks::names::RunId;
-use crate::metrics::Metrics;
-use crate::protocol;
+use crate::metrics::{Metrics, Outcome};
+use crate::protocol::{self, ExitNote};
 use crate::signals::{self, Incoming};
 use crate::sys::{self, SigNo, Target};
 use crate::throttle::Throttle;
@@ -207,12 +207,10 @@ impl Init {
     fn apply_one(&mut self, action: Action, more: &mut Vec<Action>) {
         let now = Instant::now();
         let stopping = self.timeline.phase() == Phase::Stopping;
+        let book = self.records.book();
         match action {
             Action::Attach { conn, run } => self.conns.attach(conn, run),
-            Action::Answer { conn, note } => {
-                let after = self.conns.answer(conn, &self.epoll, &note);
-                more.extend(after.action());
-            }
+            Action::Answer { conn, note } => more.extend(self.answer(conn, &note)),
             Action::Spawn(run) => more.extend(self.spawn_terraform(run)),
             Action::Recover(run) => more.extend(self.start_recovery(run, now)),
             Action::Adopt { pid, child } => self.children.adopt(pid, child),
@@ -221,7 +219,7 @@ impl Init {
                 subcommand,
                 outcome,
                 took,
-            } => self.metrics.run_ended(&subcommand, outcome, took),
+            } => self.tally(&subcommand, outcome, took),
             Action::Watch(run) => self.watch_pipes(run),
             Action::Resume(run) => self.resume(run),
             Action::Drain(run) => more.extend(self.drain(run)),
@@ -231,7 +229,7 @@ impl Init {
                 run,
                 pgid,
                 stopping,
-            } => self.kill_leftovers(run, pgid, stopping),
+            } => self.leftovers(run, pgid, stopping),
             Action::KillHelper(pid) => self.kill_helper(pid),
             Action::Signal {
                 target,
@@ -239,26 +237,39 @@ impl Init {
                 what,
             } => self.signal(target, signo, what),
             Action::Record(r) => more.extend(self.record(r, now)),
-            Action::Admit => more.extend(self.runs.admit(self.records.book(), now)),
-            Action::Recheck => more.extend(self.runs.recheck(self.records.book(), now)),
+            Action::TakeNews => more.extend(self.news(now)),
+            Action::Admit => more.extend(self.runs.admit(book, now)),
+            Action::Recheck => more.extend(self.runs.recheck(book, now)),
             Action::RefuseWaiting(why) => more.extend(self.runs.refuse_waiting(why)),
             Action::StopRuns(force) => more.extend(self.stop_runs(force)),
             Action::Detach(run) => more.extend(self.runs.detach(run, now, stopping)),
             Action::TerraformExited(run, exit) => {
-                let book = self.records.book();
                 more.extend(self.runs.terraform_exited(run, exit, stopping, book, now))
             }
-            Action::TakeNews => more.extend(self.news(now)),
-            Action::RecoveryExited(run, exit) => {
-                let refusal = self.timeline.refusal();
-                more.extend(self.runs.recovery_exited(run, exit, refusal))
-            }
+            Action::RecoveryExited(run, exit) => more.extend(self.recovery_exited(run, exit)),
             Action::ControllerExited { pid, exit } => more.extend(self.main_exited(pid, exit, now)),
             Action::ShutdownBegan {
                 cause,
                 quiet_when_done,
-            } => self.shutdown_began(cause, quiet_when_done),
+            } => self.began(cause, quiet_when_done),
         }
+    }
+
+    /// Answers a shim with its exit note; what that means for its run comes back.
+    fn answer(&mut self, conn: ConnId, note: &ExitNote) -> Option<Action> {
+        self.conns.answer(conn, &self.epoll, note).action()
+    }
+
+    /// A run of `subcommand` is over: counted.
+    fn tally(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+        self.metrics.run_ended(subcommand, outcome, took);
+    }
+
+    /// A run's lock-recovery helper was reaped: the run goes on, or is refused while the init
+    /// refuses runs.
+    fn recovery_exited(&mut self, run: RunId, exit: Exit) -> Vec<Action> {
+        let refusal = self.timeline.refusal();
+        self.runs.recovery_exited(run, exit, refusal)
     }
 
     /// Starts terraform for a run in `Launching`, and tells the run how that went.

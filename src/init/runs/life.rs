@@ -138,8 +138,9 @@ pub(super) enum Life {
         /// The helper.
         helper: Helper,
     },
-    /// Its lock-owner record is being written; terraform starts when it lands, or without it at
-    /// TFINIT_RECORD_TIMEOUT (the records keep that deadline).
+    /// Its lock-owner record is asked for and being written; terraform starts when it lands, or
+    /// without it at TFINIT_RECORD_TIMEOUT (the records keep that deadline), or at once when the
+    /// records answer that none can be written now.
     Recording {
         /// Its request.
         pending: Pending,

@@ -73,7 +73,7 @@ impl Init {
     }
 
     /// SIGKILL to what terraform left in its process group after it exited.
-    pub(super) fn kill_leftovers(&self, run: RunId, pgid: Pid, stopping: bool) {
+    pub(super) fn leftovers(&self, run: RunId, pgid: Pid, stopping: bool) {
         if !sys::group_alive(pgid) {
             return;
         }
@@ -120,7 +120,7 @@ impl Init {
 
     /// The shutdown began (`cause`): said with what it will do, unless `quiet_when_done` and
     /// nothing is left to stop (the init exits right away, and its exit is logged).
-    pub(super) fn shutdown_began(&self, cause: &str, quiet_when_done: bool) {
+    pub(super) fn began(&self, cause: &str, quiet_when_done: bool) {
         let main = self.children.main();
         if quiet_when_done && self.runs.is_empty() && !sys::group_alive(main) {
             return;

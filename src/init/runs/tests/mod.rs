@@ -26,7 +26,7 @@ use super::super::action::{Action, Force, Refusal};
 use super::super::reaper::Exit;
 use super::super::records::Records;
 use super::super::shutdown::Phase;
-use super::super::spawn::{StartError, Started};
+use super::super::spawn::{RecoveryArgs, StartError, Started};
 use super::super::token::{ConnId, Stream};
 use super::{CancelTarget, Runs};
 use crate::locks::book::Book;
@@ -193,7 +193,25 @@ impl World {
                 queue.push_front(a);
             }
         }
+        self.assert_in_step();
         out
+    }
+
+    /// The two tables keyed by `RunId` agree once the loop carried everything out: a run the
+    /// book holds as live (its record begun, not closed) is one the runs hold, past its lock
+    /// check. (Removing the `Record::Close` of `Runs::take` breaks this.)
+    fn assert_in_step(&self) {
+        let mut id = RunId::FIRST;
+        while id != self.runs.next {
+            if self.rec.book().record(id).is_some() {
+                let life = self.runs.table.get(&id).map(|run| run.life.as_str());
+                assert!(
+                    matches!(life, Some("recording" | "running" | "exited")),
+                    "the book holds {id} as live, the runs as {life:?}"
+                );
+            }
+            id = id.next();
+        }
     }
 
     fn ask(&mut self, conn: u64, args: &[&str], t: Instant) -> Vec<Done> {
@@ -271,10 +289,15 @@ impl World {
         self.settle(acts, t)
     }
 
+    /// What `run`'s recovery helper is given when the loop starts it at `t`.
+    fn recovery_args(&self, run: RunId, t: Instant) -> (RecoveryArgs, bool) {
+        let workdir = self.runs.workdir(run).expect("a run");
+        self.rec.recovery_args(workdir, t)
+    }
+
     /// The loop tried to start `run`'s recovery helper at `t` (with what the records say now).
     fn recovery_started(&mut self, run: RunId, r: std::io::Result<Pid>, t: Instant) -> Vec<Done> {
-        let workdir = self.runs.workdir(run).expect("a run").to_path_buf();
-        let (args, watching) = self.rec.recovery_args(&workdir, t);
+        let (args, watching) = self.recovery_args(run, t);
         let acts = self.runs.recovery_started(run, &args, watching, r);
         self.settle(acts, t)
     }

@@ -140,3 +140,20 @@ fn terraform_that_cannot_be_started_answers_its_shim_with_the_shells_code() {
     assert_eq!(names(&acts), ["answer 4 127 r1"]);
     assert!(w.runs.is_empty());
 }
+
+/// A recovery helper must know every live run of this init that may hold a lock (it decides with
+/// them): a run whose record was asked for in the same step, before the recovery, is one.
+#[test]
+fn a_recovery_is_given_the_runs_whose_record_was_asked_for_before_it() {
+    let t = Instant::now();
+    let mut w = World::new(runs(), opening(t));
+    w.request(c(1), request(&["apply"], "/tf/x"), Phase::Running, t);
+    w.request(c(2), request(&["apply"], "/tf/y"), Phase::Running, t);
+    // The store opens with a dead run's record in /tf/y: both runs check their lock again, r1
+    // goes on to its record, r2 to a recovery.
+    let acts = w.feed(opened(t, vec![dead_record("/tf/y")]), t);
+    assert_eq!(names(&acts), ["record create r1", "recover r2"]);
+    let (args, _) = w.recovery_args(r(2), t);
+    let live: Vec<_> = args.live.iter().map(|l| l.workdir.clone()).collect();
+    assert_eq!(live, [PathBuf::from("/tf/x")]);
+}

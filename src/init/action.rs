@@ -1,9 +1,11 @@
 //! What the concerns ask for. Runs (runs/), the timeline (shutdown.rs) and reaping (reaping.rs)
-//! answer an input with [`Action`]s instead of doing anything themselves, and the records
-//! (records.rs) take theirs as [`Action::Record`]; the connections (conns.rs) answer with
-//! `After`, which the loop turns into an action. The loop carries actions out in one place
-//! (`Init::apply`, supervisor.rs), in order, and what comes of one (terraform started or not, a
-//! record's answer) is carried out before the next.
+//! answer an input with [`Action`]s instead of doing anything themselves. The records
+//! (records.rs) are changed only through [`Action::Record`], and answer with `RecordEvent`s that
+//! the loop hands to the runs; the connections (conns.rs) answer with `After`, which the loop
+//! turns into an action. The loop carries actions out in one place (`Init::apply`,
+//! supervisor.rs), in order, and what comes of one (terraform started or not, a record's answer)
+//! is carried out before the next: a concern that must decide after a change it asked for asks
+//! for that decision as an action too (`Admit`, `Recheck`, `Recover`).
 //!
 //! Some actions are inputs to another concern (`TerraformExited`, `StopRuns`, `Admit`, ...): a
 //! concern never calls another one, it asks the loop to.

@@ -68,6 +68,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     let w = S3World::with("lock-ttl", tf, S3Lock::Table);
     let owner_ttl = Duration::from_secs(12);
     let a_out = w.tmp.join("pod-a.out");
+    // pod-a's apply holds its lock until the test opens this gate.
+    let gate = w.tmp.join("gate-a");
     let mut pod_a = Pod::start(
         &w,
         PodSpec {
@@ -75,7 +77,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
             uid: None,
             script: pods::apply_once(&a_out, ""),
             env: vec![
-                ("TF_VAR_sleep", "40".into()),
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
                 ("TFINIT_OWNER_TTL", format!("{}s", owner_ttl.as_secs())),
             ],
         },
@@ -93,6 +96,7 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
     assert!(out.contains("owner alive): left alone"), "{out}");
     assert!(!out.contains("force-unlocked"), "{out}");
+    fs::write(&gate, "").unwrap();
     assert!(pod_a.wait().success(), "{}", pod_a.log());
     let a = read(&a_out.with_extension("out.1"));
     assert!(a.contains("Apply complete!"), "{a}");
@@ -275,17 +279,19 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     let chdir = format!("-chdir={}", other.display());
     let steps = Steps::new(&w);
     let (t, done) = (&steps.dir, steps.dir.join("done"));
+    // R2 holds its lock until the test opens this gate (after R3's recovery).
+    let gate = steps.dir.join("r2-gate");
     let apply = "terraform apply -auto-approve -input=false -no-color";
     let script = format!(
         "{apply} > {t}/r2.out 2>&1 &\n\
          {go_r0}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=300s > {t}/r0.out 2>&1 &\n\
+         TF_VAR_sleep=0 TF_VAR_gate= terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=300s > {t}/r0.out 2>&1 &\n\
          {go_r3}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
+         TF_VAR_sleep=0 TF_VAR_gate= terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
          wait\n\
          echo \"r2 done\" >> {done}\n\
          {go_r4}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
+         TF_VAR_sleep=0 TF_VAR_gate= terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
         t = t.display(),
         done = done.display(),
         go_r0 = steps.wait("go-r0"),
@@ -298,7 +304,10 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
             name: "pod-a",
             uid: None,
             script,
-            env: vec![("TF_VAR_sleep", "40".into())],
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
+            ],
         },
     );
     let lock = wait_for(STEP, "R2's lock", || w.moto.lock(STATE));
@@ -327,6 +336,7 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
         "R2's lock untouched: {}",
         pod.log()
     );
+    fs::write(&gate, "").unwrap();
     steps.until("r2 done", Duration::from_secs(90));
     let r2 = steps.out("r2");
     assert!(r2.contains("Apply complete!"), "{r2}");

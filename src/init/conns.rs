@@ -16,6 +16,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{getsockopt, sockopt};
 
+use super::action::Action;
 use super::bounds::{
     ACCEPT_RETRY, HELD_BUDGET, HIGH_WATER, MAX_CONNECTIONS, OUTPUT_BUDGET, OVER_BUDGET_READ,
     REQUEST_DEADLINE, UNFINISHED_BUDGET,
@@ -38,6 +39,18 @@ pub(super) enum After {
     Detached(RunId),
     /// Its queue fell below half the high-water mark: its run's paused pipes are read again.
     CaughtUp(RunId),
+}
+
+impl After {
+    /// What the loop does about it: a detached run is abandoned, a run that caught up is read
+    /// again.
+    pub(super) fn action(self) -> Option<Action> {
+        match self {
+            After::Nothing => None,
+            After::Detached(run) => Some(Action::Detach(run)),
+            After::CaughtUp(run) => Some(Action::Resume(run)),
+        }
+    }
 }
 
 /// What one read of a connection gave.

@@ -7,8 +7,9 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
+use super::action::Force;
 use super::bounds::parsed_cost;
-use super::runs::{CancelTarget, Force};
+use super::runs::CancelTarget;
 use crate::locks::names::RunId;
 use crate::protocol::{
     self, CancelRequest, Decoder, Envelope, Kind, Request, RunRequest, SignalNote,
@@ -51,7 +52,7 @@ pub(super) enum Input {
         /// The shim's stdin, when it passed one.
         stdin: Option<OwnedFd>,
     },
-    /// `tfinit status`, `drain` or `resume`.
+    /// A control request: `tfinit status`, `drain`, `resume`, `metrics` or `cancel`.
     Control(Control),
     /// The shim of `run` got a stop signal.
     Signal {
@@ -68,7 +69,7 @@ pub(super) enum Input {
     Busy(String),
 }
 
-/// A control request.
+/// A control request (answered by supervisor/control.rs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Control {
     /// The status document.

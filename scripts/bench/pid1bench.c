@@ -7,7 +7,8 @@
 //                                   init's CPU time (every thread's, /proc/PID/task/*/schedstat)
 //                                   per SIGUSR1, and for the SIGTERM
 //   pid1bench lifecycle N SPEC...   clone -> child's main (start-to-exec); child's last
-//                                   instruction -> init reaped (child exit to init exit)
+//                                   instruction -> init reaped (child exit to init exit), the
+//                                   child exiting once the init is idle (its CPU time still)
 //   pid1bench true N      SPEC...   clone -> `INIT /bin/true` reaped (a whole run)
 //   pid1bench rss N       SPEC...   VmRSS and Pss of the init supervising an idle child
 //   pid1bench reap N K    SPEC...   K orphans at once: from the spawner's exit until none is left
@@ -96,10 +97,17 @@ static int child_main(int argc, char **argv) {
         }
     }
     if (!strcmp(mode, "stamp")) {
-        report(fd, 'S', t_main, 0);
-        // Let the init settle into its wait, so the exit is measured from an idle init.
-        struct timespec d = {0, 20 * 1000 * 1000};
-        nanosleep(&d, NULL);
+        // The exit is measured from an idle init: the driver says when (SIGUSR2, to our pid as
+        // the driver sees it: /proc is the driver's), once the init's CPU time stands still.
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGUSR2);
+        sigprocmask(SIG_BLOCK, &s, NULL);
+        char self[32] = {0};
+        if (readlink("/proc/self", self, sizeof self - 1) <= 0) return 2;
+        report(fd, 'S', t_main, atoll(self));
+        siginfo_t info;
+        while (sigwaitinfo(&s, &info) < 0) {}
         report(fd, 'E', now_ns(), 0);
         _exit(0);
     }
@@ -226,6 +234,31 @@ static long status_kib(pid_t pid, const char *file, const char *key) {
     return v;
 }
 
+// Whether every thread of `pid` sleeps interruptibly (state S in /proc/PID/task/TID/stat): not
+// running, and not waiting on storage (D), which uses no CPU time either.
+static int all_sleeping(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d) return 1;
+    int ok = 1;
+    struct dirent *e;
+    while (ok && (e = readdir(d))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char f[320], buf[512];
+        snprintf(f, sizeof f, "/proc/%d/task/%s/stat", pid, e->d_name);
+        FILE *s = fopen(f, "r");
+        if (!s) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, s);
+        fclose(s);
+        buf[n] = 0;
+        char *paren = strrchr(buf, ')');
+        if (paren && paren[1] == ' ' && paren[2] != 'S') ok = 0;
+    }
+    closedir(d);
+    return ok;
+}
+
 // CPU time (ns) every thread of `pid` has run so far: the first field of each
 // /proc/PID/task/TID/schedstat (the scheduler's sum_exec_runtime, exact, not sampled by ticks).
 static int64_t cpu_ns(pid_t pid) {
@@ -247,6 +280,21 @@ static int64_t cpu_ns(pid_t pid) {
     }
     closedir(d);
     return sum;
+}
+
+// Waits until `pid` is idle: every thread asleep (S) and no CPU time used for 10 ms; at least
+// `min_ms`, at most 2 s. An init still starting (tfinit's recorder opening its store, fsync
+// included) is not measured as idle.
+static void wait_idle(pid_t pid, int min_ms) {
+    int64_t t0 = now_ns(), last = cpu_ns(pid);
+    for (;;) {
+        struct timespec d = {0, 10 * 1000 * 1000};
+        nanosleep(&d, NULL);
+        int64_t c = cpu_ns(pid), waited = now_ns() - t0;
+        if (c == last && all_sleeping(pid) && waited >= (int64_t)min_ms * 1000000) return;
+        if (waited > 2000000000LL) return;
+        last = c;
+    }
 }
 
 // argv for one run: INIT... + [self, "child", mode, fd, extra...]
@@ -318,7 +366,7 @@ static void trial(const char *what, struct init *in, const char *self, const cha
         int nsig = atoi(k);
         if (expect(r.rd, 'R', NULL, NULL)) failed = 1;
         else {
-            sleep_ms(20);
+            wait_idle(r.pid, 20);
             int64_t c0 = cpu_ns(r.pid);
             for (int s = 0; s < nsig && !failed; s++) {
                 kill(r.pid, SIGUSR1);
@@ -341,11 +389,14 @@ static void trial(const char *what, struct init *in, const char *self, const cha
         close(r.rd);
     } else if (!strcmp(what, "lifecycle")) {
         struct run r = start(build(in->argv, in->n, self, "stamp", fd, NULL), 0, p);
-        int64_t s, e;
-        if (expect(r.rd, 'S', &s, NULL) || expect(r.rd, 'E', &e, NULL)) {
-            failed = 1;
-            kill(r.pid, SIGKILL);
+        int64_t s, e, child;
+        if (expect(r.rd, 'S', &s, &child)) failed = 1;
+        else {
+            wait_idle(r.pid, 20);
+            kill((pid_t)child, SIGUSR2);
+            if (expect(r.rd, 'E', &e, NULL)) failed = 1;
         }
+        if (failed) kill(r.pid, SIGKILL);
         int64_t t_end = reap(r.pid, NULL);
         if (!failed) {
             in->a[i] = s - r.t_clone;

@@ -193,6 +193,10 @@ impl Init {
     /// a record's answer, a concern's answer to another's) is carried out before the actions
     /// asked after it: a queue, never a call of itself.
     fn apply(&mut self, actions: Vec<Action>) {
+        // Most wake-ups (every forwarded signal) have nothing to apply.
+        if actions.is_empty() {
+            return;
+        }
         let mut queue = VecDeque::from(actions);
         let mut more = Vec::new();
         while let Some(action) = queue.pop_front() {

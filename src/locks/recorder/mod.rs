@@ -15,7 +15,7 @@
 //! is in flight waits in the queue, where later progress of the same record replaces it, so one
 //! slow write is followed by at most one more. A remove drops that run's queued updates.
 //!
-//! Files: this one (what the loop and the recorder say to each other), `machine.rs` (every
+//! Files: this one (what the loop and the recorder say to each other), `machine/` (every
 //! decision of the recorder, without I/O: the next storage operation from its state, the clock
 //! and the outcome of the last one; the simulation drives it too), `queue.rs` (the order of
 //! work), `thread.rs` (the loop's handle, and the thread that performs the machine's operations

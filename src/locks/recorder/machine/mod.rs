@@ -4,12 +4,16 @@
 //! (tests/simulation/recorder.rs) performs it as a timed operation on its simulated volume. Both
 //! feed the [`Outcome`] back and pass the machine's [`Out`]s to the loop, so the order of work,
 //! the heartbeat's clock, the fresh-heartbeat rule before a create and the retries of failed
-//! closings are this file's alone.
+//! closings are this module's alone.
 //!
 //! One job at a time, as the thread did it: a job (the opening, a heartbeat, a record write, a
 //! rescan) is a sequence of operations; requests that arrive meanwhile wait in `arrived` and join
-//! the [`Queue`] when the job is over, which is where the heartbeat overtakes writes and progress
-//! coalesces.
+//! the `Queue` (queue.rs) when the job is over, which is where the heartbeat overtakes writes and
+//! progress coalesces.
+//!
+//! Files: this one (what the machine and its drivers say to each other, the heartbeat and the
+//! opening), `write.rs` (record writes and the retries of failed closings), `scan.rs` (the scans),
+//! `tests.rs` (the machine alone, without a thread or a store).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

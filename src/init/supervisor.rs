@@ -505,7 +505,7 @@ impl Init {
     /// abandoned runs' SIGKILL, the linger of pipes after terraform exited), and the clients'
     /// (requests not whole in time, accepting again after accept(2) failed).
     pub(super) fn on_timers(&mut self, now: Instant) {
-        self.conns.tick(now, &self.epoll);
+        self.conns.client_timers(now, &self.epoll);
         let steps = self.timeline.due(now);
         self.apply(steps);
         // The recorder's quiet news first (heartbeats that went well): a stale heartbeat is

@@ -41,7 +41,7 @@ use super::spawn;
 use super::token::{self, ConnId};
 use crate::config::InitConfig;
 use crate::locks::names::RunId;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Metrics, RunOutcome};
 use crate::protocol::{self, ExitNote};
 use crate::signals::{self, Incoming};
 use crate::sys::{self, SigNo, Target};
@@ -261,7 +261,7 @@ impl Init {
     }
 
     /// A run of `subcommand` is over: counted.
-    fn tally(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+    fn tally(&self, subcommand: &str, outcome: RunOutcome, took: Duration) {
         self.metrics.run_ended(subcommand, outcome, took);
     }
 

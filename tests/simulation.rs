@@ -16,7 +16,7 @@
 //! settings, `state::by_text`, `state::may_share`), `live_on_host`, the recovery's `decide`, and
 //! lockinfo's `parse_probe_of` reading what each terraform version prints. Around them, models of
 //! the code that does I/O, following it step by step: the init's loop for state-locking runs
-//! (src/init/records.rs, runs/launch.rs: `init.rs`) and the recovery helper (recover.rs's
+//! (src/init/records.rs, runs/launch.rs: `init.rs`) and the recovery helper (recover/mod.rs's
 //! `Recovery::run`, for an init's `__recover` or a person's `tfinit recover`: `helper.rs`).
 //! Files: `world.rs` (the cluster and its state), `exec.rs` (the executor and timed volume
 //! operations), `check.rs` (the invariants), `schedule.rs` (a seed's schedule), `pods.rs`,

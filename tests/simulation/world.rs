@@ -1,6 +1,7 @@
-//! The simulated world: nodes with their own clocks, the shared state volume, terraform's backend
-//! lock table, pods and their processes, and a deterministic executor that runs the recorders and
-//! recovery helpers (async functions) and every other event in simulated time.
+//! The simulated world: nodes with their own clocks, the shared state volume and its faults,
+//! terraform's backend lock table, pods, their incarnations and processes, and the queue of events
+//! in simulated time (the executor that polls the recorders and recovery helpers is `exec.rs`; the
+//! invariants `check.rs`).
 //!
 //! Time is simulated real time in milliseconds (`Ms`). A node's monotonic clock is
 //! `base + t·(1 + ppm/10⁶)` (an `Instant` of its own: two nodes' instants are never compared

@@ -3,7 +3,7 @@
 //! everything, a rescan after each heartbeat, but no fresh-heartbeat check before a create, one
 //! heartbeat file per owner NAME (read by name), no lock file, no retry of a store that failed at
 //! open nor of a failed closing. Every storage call is a timed operation on the simulated volume.
-//! Today's rules run the real recorder (`recorder.rs`).
+//! Today's rules run the real recorder's decisions (`recorder.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;

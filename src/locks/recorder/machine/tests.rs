@@ -198,3 +198,62 @@ fn a_failed_removal_is_tried_again_after_the_next_heartbeat_that_lands() {
     // Then the rescan the heartbeat asks for.
     assert_eq!(m.next(now), Next::Do(Op::List));
 }
+
+#[test]
+fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbeats_clock() {
+    let t0 = Instant::now();
+    let mut m = Machine::new(me(), TTL, "test".into());
+    let fail = |m: &mut Machine, now: Now| {
+        assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+        m.finished(
+            Outcome::Opened {
+                passwd_user: None,
+                host: "h".into(),
+                result: Err("read-only file system".into()),
+            },
+            now,
+        );
+        // What can still be read: the records alone, no heartbeat.
+        assert_eq!(m.next(now), Next::Do(Op::List));
+        m.finished(Outcome::Listed(Vec::new()), now);
+        m.take_out()
+    };
+    let first = fail(&mut m, at(t0, 0));
+    assert!(
+        matches!(
+            &first[..],
+            [Out::Wake(Completion::Opened {
+                result: Err(_),
+                table: Some(_),
+                ..
+            })]
+        ),
+        "{first:?}"
+    );
+    // Nothing is written meanwhile; a create is refused at once.
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    assert_eq!(m.next(at(t0, 1)), Next::Wait(t0 + TTL / 3));
+    assert!(matches!(
+        &m.take_out()[..],
+        [
+            Out::Wake(Completion::Created {
+                result: Err(WriteError::NotOpen),
+                ..
+            }),
+            Out::Done(1)
+        ]
+    ));
+    // Another failure is news nobody waits for.
+    let again = fail(&mut m, at(t0, 10_000));
+    assert!(
+        matches!(
+            &again[..],
+            [Out::Quiet(Completion::Opened { result: Err(_), .. })]
+        ),
+        "{again:?}"
+    );
+}

@@ -19,7 +19,7 @@ use super::records::Record;
 use super::token::ConnId;
 use crate::locks::book::Launch;
 use crate::locks::names::RunId;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::{self, ExitNote};
 use crate::sys::{SigNo, Target};
 
@@ -158,7 +158,7 @@ pub(super) enum Action {
         /// terraform's subcommand.
         subcommand: String,
         /// How it ended.
-        outcome: Outcome,
+        outcome: RunOutcome,
         /// From the shim's request to the end.
         took: Duration,
     },

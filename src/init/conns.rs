@@ -623,7 +623,7 @@ impl Conns {
     /// Acts on the clients' timers due at `now`: accepting is tried again after a failure, and a
     /// client whose request has not come whole within [`REQUEST_DEADLINE`] is answered (exit
     /// 125, saying so) and closed, its bytes freed. Such clients have no run: nothing follows.
-    pub(super) fn tick(&mut self, now: Instant, epoll: &Epoll) {
+    pub(super) fn client_timers(&mut self, now: Instant, epoll: &Epoll) {
         if let Some(Accepting::Failed { retry }) = self.listener.as_ref().map(|l| l.accepting) {
             if retry <= now {
                 self.listen(epoll);

@@ -41,7 +41,7 @@ use super::spawn;
 use super::token::{self, ConnId};
 use crate::config::InitConfig;
 use crate::locks::names::RunId;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Metrics, RunOutcome};
 use crate::protocol::{self, ExitNote};
 use crate::signals::{self, Incoming};
 use crate::sys::{self, SigNo, Target};
@@ -265,7 +265,7 @@ impl Init {
     }
 
     /// A run of `subcommand` is over: counted.
-    fn tally(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+    fn tally(&self, subcommand: &str, outcome: RunOutcome, took: Duration) {
         self.metrics.run_ended(subcommand, outcome, took);
     }
 
@@ -517,7 +517,7 @@ impl Init {
     /// abandoned runs' SIGKILL, the linger of pipes after terraform exited), and the clients'
     /// (requests not whole in time, accepting again after accept(2) failed).
     pub(super) fn on_timers(&mut self, now: Instant) {
-        self.conns.tick(now, &self.epoll);
+        self.conns.client_timers(now, &self.epoll);
         let steps = self.timeline.due(now);
         self.apply(steps);
         // The recorder's quiet news first (heartbeats that went well): a stale heartbeat is

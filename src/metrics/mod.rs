@@ -32,7 +32,7 @@ use labels::{
     RunLabels, SignalLabels, StateLabels, SubcommandLabels, UnlockLabels, VersionLabels,
 };
 pub use labels::{
-    subcommand_label, Cancel, Dropped, Listener, Outcome, Pause, RunCounts, RunState,
+    subcommand_label, Cancel, Dropped, Listener, Pause, RunCounts, RunOutcome, RunStage,
 };
 
 /// Buckets of `tfinit_run_duration_seconds`: from a `version` to a long apply.
@@ -68,7 +68,7 @@ pub struct Metrics {
 /// the forwarded-signal series by signal number (made at first forward, like the family's).
 #[derive(Debug)]
 struct Hot {
-    runs: [Gauge; RunState::ALL.len()],
+    runs: [Gauge; RunStage::ALL.len()],
     store_state: [Gauge; StoreStatus::ALL.len()],
     phase: [Gauge; Phase::ALL.len()],
     signals: [OnceLock<Counter>; SIGNALS],
@@ -134,7 +134,7 @@ impl Metrics {
         // cost about 300 KiB of an idle init's memory (measured), for series that mostly stay 0.
         // tfinit_force_unlocks_total's series are made at first use too (90 label sets).
         let hot = Hot {
-            runs: RunState::ALL.map(|state| runs.get_or_create(&StateLabels { state }).clone()),
+            runs: RunStage::ALL.map(|state| runs.get_or_create(&StateLabels { state }).clone()),
             store_state: StoreStatus::ALL
                 .map(|state| store_state.get_or_create(&NameLabels { state }).clone()),
             phase: Phase::ALL
@@ -249,7 +249,7 @@ impl Metrics {
 
     /// A run of `subcommand` ended with `outcome` after `took` (refused runs count with a zero
     /// duration, and are not observed in the histogram).
-    pub fn run_ended(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+    pub fn run_ended(&self, subcommand: &str, outcome: RunOutcome, took: Duration) {
         let subcommand = subcommand_label(subcommand);
         self.runs_total
             .get_or_create(&RunLabels {
@@ -257,7 +257,7 @@ impl Metrics {
                 outcome,
             })
             .inc();
-        if outcome != Outcome::Refused {
+        if outcome != RunOutcome::Refused {
             self.run_duration
                 .get_or_create(&SubcommandLabels { subcommand })
                 .observe(took.as_secs_f64());

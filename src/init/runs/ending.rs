@@ -13,7 +13,7 @@ use crate::locks::book::{Book, RecordStatus};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::record;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::ExitNote;
 use crate::signals;
 
@@ -303,13 +303,13 @@ impl Runs {
 }
 
 /// How a run ended, as the metrics count it: what tfinit did to it first, else its exit.
-fn outcome_of(exit: Exit, stop: Stop) -> Outcome {
+fn outcome_of(exit: Exit, stop: Stop) -> RunOutcome {
     match (exit, stop) {
-        (_, Stop::Killed { .. }) => Outcome::Killed,
-        (_, s) if s.graceful() => Outcome::StoppedGracefully,
-        (Exit::Signal(_), _) => Outcome::Signalled,
-        (Exit::Code(0), _) => Outcome::Succeeded,
-        (Exit::Code(_), _) => Outcome::Failed,
+        (_, Stop::Killed { .. }) => RunOutcome::Killed,
+        (_, s) if s.graceful() => RunOutcome::StoppedGracefully,
+        (Exit::Signal(_), _) => RunOutcome::Signalled,
+        (Exit::Code(0), _) => RunOutcome::Succeeded,
+        (Exit::Code(_), _) => RunOutcome::Failed,
     }
 }
 

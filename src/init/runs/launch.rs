@@ -34,7 +34,7 @@ use super::life::{Helper, Job, Life, Pending, Pipes, Run, Stop};
 use super::Runs;
 use crate::locks::book::Book;
 use crate::locks::names::RunId;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::{self, ExitNote, RunRequest};
 use crate::terraform;
 
@@ -61,7 +61,7 @@ impl Runs {
                 why.answer(conn, None),
                 Action::Tally {
                     subcommand,
-                    outcome: Outcome::Refused,
+                    outcome: RunOutcome::Refused,
                     took: Duration::ZERO,
                 },
             ];
@@ -362,7 +362,7 @@ impl Runs {
         }
         acts.push(Action::Tally {
             subcommand: run.job.invocation.subcommand.clone(),
-            outcome: Outcome::Refused,
+            outcome: RunOutcome::Refused,
             took: Duration::ZERO,
         });
     }

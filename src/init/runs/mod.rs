@@ -88,7 +88,7 @@ impl Runs {
     /// How many runs are in each state of `tfinit_runs{state}` (terraform exited and its output
     /// draining counts in none).
     pub(super) fn counts(&self) -> crate::metrics::RunCounts {
-        use crate::metrics::RunState as M;
+        use crate::metrics::RunStage as M;
         let mut counts = [0i64; 5];
         for run in self.table.values() {
             let state = match &run.life {

@@ -197,8 +197,14 @@ impl Record {
     /// dropped. `FileStore::write` writes nothing else, so no record is ever too large to be read
     /// back (a record read as corrupt would be set aside while its owner lives).
     pub fn fitted(&self) -> Cow<'_, Record> {
-        let argv = fit(&self.argv, "arguments");
-        let in_progress = fit(&self.in_progress, "resources in progress");
+        self.fitted_within(LIST_BUDGET)
+    }
+
+    /// [`Record::fitted`] with `budget` bytes for each list instead of [`LIST_BUDGET`] (a store
+    /// whose objects are smaller than a file may be: the Kubernetes store's annotations).
+    pub fn fitted_within(&self, budget: usize) -> Cow<'_, Record> {
+        let argv = fit(&self.argv, "arguments", budget);
+        let in_progress = fit(&self.in_progress, "resources in progress", budget);
         if argv.is_none() && in_progress.is_none() {
             return Cow::Borrowed(self);
         }
@@ -214,19 +220,19 @@ impl Record {
     }
 }
 
-/// `list` cut to fit in [`LIST_BUDGET`] with a marker entry counting the rest (`what`: `arguments`),
-/// or None when it fits whole.
-fn fit(list: &[String], what: &str) -> Option<Vec<String>> {
+/// `list` cut to fit in `budget` bytes with a marker entry counting the rest (`what`:
+/// `arguments`), or None when it fits whole.
+fn fit(list: &[String], what: &str, budget: usize) -> Option<Vec<String>> {
     // Room left for the marker itself when the list is cut.
     const MARKER_ROOM: usize = 128;
     let mut used = 0;
     let mut cut_at = None;
     for (i, entry) in list.iter().enumerate() {
         used += json_len(entry);
-        if cut_at.is_none() && used > LIST_BUDGET - MARKER_ROOM {
+        if cut_at.is_none() && used > budget.saturating_sub(MARKER_ROOM) {
             cut_at = Some(i);
         }
-        if used > LIST_BUDGET {
+        if used > budget {
             let keep = cut_at.unwrap_or(i);
             let mut fitted = list[..keep].to_vec();
             fitted.push(format!(

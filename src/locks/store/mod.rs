@@ -1,6 +1,6 @@
 //! Where lock-owner records and heartbeats live: one [`Store`] trait for every reader and writer
-//! (the recorder thread, the recovery helper, `tfinit recover`), and [`FileStore`], its only
-//! implementation, in TFINIT_STATE_DIR.
+//! (the recorder thread, the recovery helper, `tfinit recover`), and its implementations:
+//! [`FileStore`] in TFINIT_STATE_DIR.
 //!
 //! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
 //! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
@@ -30,6 +30,11 @@ mod kernel;
 mod report;
 
 pub use file::FileStore;
+
+/// Which record of a store: what [`Store::list`] and [`Store::write`] return and the other
+/// calls take. Callers print it and hand it back; only the store that made it reads it (a file's
+/// path for [`FileStore`]).
+pub type RecordId = PathBuf;
 pub use fsio::{atomic_write, remove};
 pub use kernel::{kernel_proof_with, same_lock_file};
 pub use report::{set_aside_corrupt, warn_left_alone, warn_unreadable};
@@ -71,13 +76,13 @@ pub trait Store: Send {
 
     /// Writes `record` atomically (creating or rewriting it) and returns its id. What is written
     /// is [`Record::fitted`], and only when it reads back, so every record file can be read.
-    fn write(&self, record: &Record) -> io::Result<PathBuf>;
+    fn write(&self, record: &Record) -> io::Result<RecordId>;
 
     /// Removes a record; a missing one is fine.
     fn remove(&self, id: &Path) -> io::Result<()>;
 
     /// Sets a record aside so no recovery reads it again; returns its new id.
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf>;
+    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<RecordId>;
 
     /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
     /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
@@ -108,14 +113,20 @@ pub trait Store: Send {
     /// would make each one's exit wait on the volume (FUSE and NFS talk to their server when a
     /// descriptor is closed). With the descriptor, the file's device and inode: the heartbeat
     /// names them, so that a free flock proves something only on this very file.
-    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>>;
+    /// A store with no lock file (the Kubernetes store) holds none: the default.
+    fn hold_incarnation_lock(&self, _me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
+        Ok(None)
+    }
 
     /// Whether the kernel proves every process of `owner` gone: its lock file is on a local
     /// filesystem of this kernel, it is the file `file` (device and inode, as the incarnation's
     /// heartbeat names it: a file that replaced it at that path proves nothing), and its flock is
     /// free. Some(false): it is held (alive); None: nothing proven (network filesystem, no lock
     /// file, another file, an error). Callers go through [`kernel_proof`], which checks the rest.
-    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool>;
+    /// A store with no lock file proves nothing: the default.
+    fn incarnation_gone(&self, _owner: &Owner, _file: FileId) -> Option<bool> {
+        None
+    }
 
     /// What the kernel proves of `owner` for observer `me`, given `hb`, that incarnation's
     /// heartbeat as just read: Some(true) every process of it is gone, Some(false) one holds its
@@ -133,7 +144,7 @@ pub trait Store: Send {
     /// Sets corrupt records aside (only those: no live owner has one, see [`Found::Corrupt`]) and
     /// warns about the files left alone; returns the parsed records. Never fails: a problem with
     /// one record is that record's warning.
-    fn sweep(&self) -> Vec<(PathBuf, Record)> {
+    fn sweep(&self) -> Vec<(RecordId, Record)> {
         let mut out = Vec::new();
         for f in self.list() {
             match f {

@@ -51,6 +51,7 @@ macro_rules! all_shapes {
 pub mod apiserver;
 pub mod cgroup;
 pub mod fuse;
+pub mod kube_cluster;
 pub mod launch;
 pub mod moto;
 pub mod pki;

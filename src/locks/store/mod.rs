@@ -1,8 +1,9 @@
 //! Where lock-owner records and heartbeats live: one [`Store`] trait for every reader and writer
 //! (the recorder thread, the recovery helper, `tfinit recover`), and its implementations:
-//! [`FileStore`] in TFINIT_STATE_DIR.
+//! [`FileStore`] in TFINIT_STATE_DIR, and [`KubeStore`] in Leases of the pod's namespace
+//! (`kube/`: its objects and what each API answer does are documented there).
 //!
-//! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
+//! The file store's layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
 //! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
 //! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
@@ -15,7 +16,8 @@
 //! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
 //!
 //! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
-//! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use).
+//! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use),
+//! `kube/` ([`KubeStore`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -27,13 +29,15 @@ use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 mod file;
 mod fsio;
 mod kernel;
+pub mod kube;
 mod report;
 
 pub use file::FileStore;
+pub use kube::KubeStore;
 
 /// Which record of a store: what [`Store::list`] and [`Store::write`] return and the other
 /// calls take. Callers print it and hand it back; only the store that made it reads it (a file's
-/// path for [`FileStore`]).
+/// path for [`FileStore`]; `lease:NAMESPACE/NAME` for [`KubeStore`], see [`kube::lease_id`]).
 pub type RecordId = PathBuf;
 pub use fsio::{atomic_write, remove};
 pub use kernel::{kernel_proof_with, same_lock_file};

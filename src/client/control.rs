@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
+use crate::config::StoreSetting;
 use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
-use crate::locks::store::FileStore;
+use crate::locks::store::{self, FileStore};
 use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
@@ -444,8 +445,20 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             return 2;
         }
     };
+    // The init validated TFINIT_STORE and passes it on: anything else is no init's.
+    let setting = match std::env::var("TFINIT_STORE") {
+        Err(_) => StoreSetting::Auto,
+        Ok(v) => match StoreSetting::parse(&v) {
+            Some(s) => s,
+            None => {
+                eprintln!("tfinit: {}: TFINIT_STORE={v:?} is not auto, kubernetes or file; no lock was touched", recover::HIDDEN_SUBCOMMAND);
+                return 2;
+            }
+        },
+    };
+    let store = store::chosen(setting, &args.state_dir, &args.owner, args.ttl());
     let recovery = Recovery {
-        store: Box::new(FileStore::new(&args.state_dir)),
+        store,
         me: args.owner.clone(),
         ttl: args.ttl(),
         older_ttl: args.older_ttl(),

@@ -18,7 +18,7 @@ use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner, Record};
 use crate::locks::recorder::{Completion, Recorder, Request};
-use crate::locks::store::FileStore;
+use crate::locks::store;
 
 /// The longest the init's exit waits for queued and in-flight record writes. The least
 /// TFINIT_KILL_MARGIN ([`crate::config::MIN_KILL_MARGIN`]) leaves room for it.
@@ -90,7 +90,8 @@ impl Records {
             crate::sys::hostname(),
             now,
         );
-        let started = Recorder::start(Box::new(FileStore::new(&cfg.state_dir)), me, cfg.owner_ttl);
+        let store = store::chosen(cfg.store, &cfg.state_dir, &me, cfg.owner_ttl);
+        let started = Recorder::start(store, me, cfg.owner_ttl);
         let mut records = Records {
             book,
             recorder: None,

@@ -17,7 +17,7 @@
 //!
 //! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
 //! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use),
-//! `kube/` ([`KubeStore`]).
+//! `kube/` ([`KubeStore`]), `choose.rs` (which one TFINIT_STORE picks: [`chosen`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -26,12 +26,14 @@ use std::time::Duration;
 
 use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 
+mod choose;
 mod file;
 mod fsio;
 mod kernel;
 pub mod kube;
 mod report;
 
+pub use choose::{chosen, chosen_with};
 pub use file::FileStore;
 pub use kube::KubeStore;
 

@@ -379,3 +379,33 @@ fn one_recovery_at_a_time_and_a_dead_holders_lease_is_taken() {
     assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
     drop(held);
 }
+
+#[test]
+fn a_recovery_lease_that_cannot_be_renewed_is_no_longer_surely_held() {
+    if !have_deps() {
+        return;
+    }
+    let c = Cluster::start("kstore-fence");
+    let a = store(&c, &Owner::current("pod-a", None));
+    let held = a.lock_recovery(Duration::from_secs(1)).unwrap();
+    assert!(held.held());
+    // Renewals land: still held after more than its duration.
+    std::thread::sleep(TTL + Duration::from_millis(500));
+    assert!(held.held(), "renewed every TTL/3");
+    // The API stops answering renewals: within 2/3 of the duration after the last one that
+    // landed, the holder knows it may no longer act (a waiter takes it only after all of it).
+    c.api.faults(json!({"stall": ["update leases"]}));
+    let start = Instant::now();
+    let deadline = start + TTL;
+    while held.held() {
+        assert!(
+            Instant::now() < deadline,
+            "still held after {:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(start.elapsed() <= TTL * 2 / 3 + Duration::from_millis(200));
+    c.api.faults(json!({}));
+    drop(held);
+}

@@ -299,8 +299,10 @@ impl Store for Chosen {
             Target::Kube(k, f) => {
                 let api = k.lock_recovery(wait)?;
                 let files = f.map(|f| f.lock_recovery(wait)).transpose()?;
+                let fence = api.fence.clone();
                 Ok(RecoveryLock {
                     _held: Box::new((api, files)),
+                    fence,
                 })
             }
             Target::File(f) => f.lock_recovery(wait),

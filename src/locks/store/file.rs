@@ -406,6 +406,7 @@ impl Store for FileStore {
                 Ok(lock) => {
                     return Ok(RecoveryLock {
                         _held: Box::new(lock),
+                        fence: None,
                     })
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {

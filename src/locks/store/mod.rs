@@ -22,7 +22,8 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 
@@ -57,6 +58,21 @@ pub enum Aside {
 /// The exclusive right to recover records in a store; released on drop.
 pub struct RecoveryLock {
     _held: Box<dyn Send>,
+    /// For a right that must be renewed (the Kubernetes store's Lease): until when, on this
+    /// process's clock, it is surely still this process's. None: held until dropped (a flock).
+    fence: Option<Arc<Mutex<Instant>>>,
+}
+
+impl RecoveryLock {
+    /// Whether the right is surely still this process's: always for a flock; for a Lease, until
+    /// 2/3 of its duration after the last renewal that landed (a waiter takes it only after
+    /// watching it unrenewed for all of it). A recovery checks it before each release.
+    pub fn held(&self) -> bool {
+        self.fence.as_ref().is_none_or(|f| match f.lock() {
+            Ok(until) => Instant::now() < *until,
+            Err(_) => false,
+        })
+    }
 }
 
 impl std::fmt::Debug for RecoveryLock {

@@ -11,7 +11,7 @@
 
 use std::io;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -119,17 +119,27 @@ fn hold(client: &Arc<Client>, holder: String, ttl: Duration, lease: Lease) -> Re
     let client = Arc::clone(client);
     let every = (ttl / 3).max(Duration::from_millis(100));
     let ttl_ms = ttl.as_millis() as u64;
+    // Sure for 2/3 of the duration after the create was sent (conservatively: now, after it).
+    let fence = Arc::new(Mutex::new(Instant::now() + fenced(ttl)));
     let (stop, stopped) = mpsc::channel::<()>();
+    let renewed = Arc::clone(&fence);
     let renewer = thread::Builder::new()
         .name("tfinit-recovery-lease".into())
-        .spawn(move || renew(&client, &holder, ttl_ms, lease, every, &stopped))
+        .spawn(move || renew(&client, &holder, ttl_ms, lease, every, &stopped, &renewed))
         .ok();
     RecoveryLock {
         _held: Box::new(Held {
             stop: Some(stop),
             renewer,
         }),
+        fence: Some(fence),
     }
+}
+
+/// How long after a renewal was sent the Lease is surely still ours: 2/3 of its duration, as
+/// the owner's fence counts its heartbeat.
+fn fenced(ttl: Duration) -> Duration {
+    ttl * 2 / 3
 }
 
 /// Renews `lease` every `every` until `stopped` ends, then deletes it (only while it is still
@@ -141,13 +151,28 @@ fn renew(
     mut lease: Lease,
     every: Duration,
     stopped: &mpsc::Receiver<()>,
+    fence: &Mutex<Instant>,
 ) {
+    let ttl = Duration::from_millis(ttl_ms);
+    let renewed = |sent: Instant| {
+        if let Ok(mut until) = fence.lock() {
+            *until = (*until).max(sent + fenced(ttl));
+        }
+    };
     while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+        let sent = Instant::now();
         match client.update(&recovery_lease(holder, ttl_ms, Some(&lease))) {
-            Ok(l) => lease = l,
+            Ok(l) => {
+                lease = l;
+                renewed(sent);
+            }
             Err(Error::Conflict { .. }) => match client.get(RECOVERY_NAME) {
+                // Renewed by an update whose answer was lost: ours still, renewed then at best.
                 Ok(l) if l.spec.holder_identity.as_deref() == Some(holder) => lease = l,
                 Ok(_) | Err(Error::NotFound { .. }) => {
+                    if let Ok(mut until) = fence.lock() {
+                        *until = Instant::now();
+                    }
                     tracing::warn!(
                         "the recovery Lease was taken by another pod while this recovery ran (it was not renewed in time)"
                     );

@@ -12,7 +12,7 @@ use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::recover::{self, Outcome, Recovery};
-use crate::locks::store::{self, FileStore};
+use crate::locks::store;
 use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
@@ -283,19 +283,21 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
             return 2;
         }
     };
-    let store = FileStore::new(&cfg.state_dir);
-    if !store.dir().is_dir() {
+    // A new incarnation of our name: it has no record, so every record is judged by what this
+    // command sees (the live init's records are watched alive like any other owner's).
+    let me = crate::locks::record::Owner::current(&cfg.owner, None);
+    // The stores the init writes to (TFINIT_STORE: the Leases, the files, or both).
+    let store = store::chosen(cfg.store, &cfg.state_dir, &me, cfg.owner_ttl);
+    let files_only = store.location() == cfg.state_dir.display().to_string();
+    if files_only && !cfg.state_dir.is_dir() {
         eprintln!(
             "tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover",
             cfg.state_dir
         );
         return 1;
     }
-    // A new incarnation of our name: it has no record, so every record is judged by what this
-    // command sees (the live init's records are watched alive like any other owner's).
-    let me = crate::locks::record::Owner::current(&cfg.owner, None);
     let recovery = Recovery {
-        store: Box::new(store),
+        store,
         me,
         ttl: cfg.owner_ttl,
         older_ttl: cfg.older_owner_ttl,
@@ -313,7 +315,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         }
     };
     if results.is_empty() {
-        println!("no lock-owner records in {}", cfg.state_dir.display());
+        println!("no lock-owner records in {}", recovery.store.location());
     }
     for (path, rec, outcome) in &results {
         println!("{}", report_line(path, rec, outcome, dry_run));
@@ -328,6 +330,7 @@ fn recover_settings(
 ) -> Result<(config::InitConfig, std::path::PathBuf), String> {
     let args = crate::cli::InitArgs {
         state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
+        store: std::env::var("TFINIT_STORE").ok(),
         owner: std::env::var("TFINIT_OWNER").ok(),
         owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
         older_owner_ttl: std::env::var("TFINIT_OLDER_OWNER_TTL").ok(),

@@ -2,8 +2,10 @@
 //! whose records go to the stand-in Kubernetes API over HTTPS with nothing set but the service
 //! account (TFINIT_STORE left at `auto`), is SIGKILLed mid-apply; a replacement pod with another
 //! name, on another node and with no volume either, finds the dead run's record in a Lease and
-//! releases the stuck lock within TTL + 5 s. terraform with the s3 backend on moto
-//! (tests/common/s3_pods.rs), the API stand-in of tests/common/kube_cluster.rs.
+//! releases the stuck lock within TTL + 5 s. And the negative: a live pod's lock, held for two
+//! TTLs, is never released by another pod that watches its heartbeat Lease. terraform with the
+//! s3 backend on moto (tests/common/s3_pods.rs), the API stand-in of
+//! tests/common/kube_cluster.rs.
 
 #[macro_use]
 mod common;
@@ -126,4 +128,75 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
         record_leases(&c).is_empty(),
         "the dead run's record is resolved"
     );
+}
+
+#[test]
+fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_lease() {
+    if !have_deps() || !kube_cluster::have_deps() {
+        return;
+    }
+    let w = S3World::new("kube-live");
+    let c = Cluster::start("kube-live-api");
+    // pod-a's apply lasts two TTLs: only its heartbeat Lease tells pod-b that it is alive.
+    let a_out = w.tmp.join("pod-a.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", (2 * TTL.as_secs()).to_string()));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_once(&a_out, ""),
+            env,
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w.held());
+    wait_for(STEP, "pod-a's record Lease", || record_leases(&c).pop());
+    let b_out = w.tmp.join("pod-b.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "0".into()));
+    let mut pod_b = Pod::start_on_other_node(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: None,
+            script: apply_until_success(&b_out, 30),
+            env,
+        },
+        "00000000-0000-4000-8000-00000000000b",
+    );
+    assert!(pod_a.wait().success(), "{}", pod_a.log());
+    let a_done: Vec<u64> = common::read(&a_out)
+        .lines()
+        .filter_map(|l| l.strip_prefix("done 0 ").map(|t| t.trim().parse().unwrap()))
+        .collect();
+    assert_eq!(
+        a_done.len(),
+        1,
+        "pod-a's apply succeeded: {}",
+        common::read(&a_out)
+    );
+    assert!(pod_b.wait().success(), "{}", pod_b.log());
+    let tries = attempts(&b_out);
+    assert!(
+        tries.iter().any(|t| !t.ok),
+        "pod-b overlapped pod-a's apply: {tries:?}"
+    );
+    for t in tries.iter().filter(|t| t.end < a_done[0]) {
+        assert!(
+            !t.ok,
+            "attempt {} succeeded during pod-a's apply: {tries:?}",
+            t.n
+        );
+    }
+    assert!(tries.last().unwrap().ok);
+    let log = pod_b.log();
+    assert!(!log.contains("force-unlock"), "{log}");
+    assert!(
+        !common::read(&a_out.with_extension("out.1")).contains("Error releasing the state lock"),
+        "pod-a released its own lock ({})",
+        lock["ID"]
+    );
+    assert!(record_leases(&c).is_empty());
+    w.assert_state_consistent();
 }

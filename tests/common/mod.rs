@@ -50,6 +50,7 @@ macro_rules! all_shapes {
 
 pub mod apiserver;
 pub mod cgroup;
+pub mod dockerfile;
 pub mod fuse;
 pub mod kube_cluster;
 pub mod launch;

@@ -23,10 +23,10 @@ pub enum Guard {
     /// No state-locking run where a record with this pod's Who is while the store cannot be
     /// written (`Launch::Shadowed`).
     Shadowed,
-    /// One recovery at a time per state directory (`recover.lock`, recover.rs `run`).
+    /// One recovery at a time per state directory (`recover.lock`, recover/mod.rs `run`).
     RecoverLock,
-    /// A live tfinit on the host a lock's Who names makes the lock ambiguous (recover.rs
-    /// `live_on_host`).
+    /// A live tfinit on the host a lock's Who names makes the lock ambiguous
+    /// (recover/evidence.rs `live_on_host`).
     LiveOnHost,
     /// A free flock proves an incarnation gone only on the very file it locked, by device and
     /// inode (store `same_lock_file`, `kernel_proof_with`); off: whatever file is at the path.
@@ -37,8 +37,8 @@ pub enum Guard {
     /// An owner is judged by its own TTL when it is longer than the observer's (liveness
     /// `judging_ttl`); off: by the observer's own, as before issue 23.
     OwnersTtl,
-    /// This init's live runs count as possible holders of a lock with their Who (recover.rs
-    /// `window`).
+    /// This init's live runs count as possible holders of a lock with their Who
+    /// (recover/evidence.rs `window`).
     LiveRuns,
     /// terraform's wording of a free lock in every supported version (lockinfo); off: 1.0.3's
     /// alone, as before issue 23.

@@ -10,8 +10,8 @@
 //! versions. And an answer in a wording tfinit does not know keeps the record: the init says so
 //! once per record and counts each probe.
 //!
-//! The wordings themselves, and which were measured or read from source: src/locks/lockinfo.rs,
-//! docs/notes/terraform-facts.md section 12.
+//! The wordings themselves, and which were measured or read from source:
+//! src/locks/lockinfo/wordings.rs, docs/notes/terraform-facts.md section 12.
 
 #[macro_use]
 mod common;
@@ -40,7 +40,8 @@ fn locks_of(tf: &Terraform) -> Vec<S3Lock> {
     }
 }
 
-/// The probe as the recovery helper runs it (src/locks/recover.rs: no -no-color), read.
+/// The probe as the recovery helper runs it (src/locks/recover/mod.rs `probe_and_decide`: no
+/// -no-color), read.
 fn probe(w: &S3World) -> Probe {
     let out = w.terraform(&["force-unlock", "-force", probe_id("s3")]);
     parse_probe("s3", out.status.success(), &text(&out))

@@ -68,6 +68,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     let w = S3World::with("lock-ttl", tf, S3Lock::Table);
     let owner_ttl = Duration::from_secs(12);
     let a_out = w.tmp.join("pod-a.out");
+    // pod-a's apply holds its lock until the test opens this gate.
+    let gate = w.tmp.join("gate-a");
     let mut pod_a = Pod::start(
         &w,
         PodSpec {
@@ -75,7 +77,8 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
             uid: None,
             script: pods::apply_once(&a_out, ""),
             env: vec![
-                ("TF_VAR_sleep", "40".into()),
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
                 ("TFINIT_OWNER_TTL", format!("{}s", owner_ttl.as_secs())),
             ],
         },
@@ -93,6 +96,7 @@ fn an_owner_with_a_longer_ttl_is_judged_by_its_own_ttl(tf: &Terraform) {
     assert_eq!(w.moto.lock(STATE), Some(lock.clone()), "untouched: {out}");
     assert!(out.contains("owner alive): left alone"), "{out}");
     assert!(!out.contains("force-unlocked"), "{out}");
+    fs::write(&gate, "").unwrap();
     assert!(pod_a.wait().success(), "{}", pod_a.log());
     let a = read(&a_out.with_extension("out.1"));
     assert!(a.contains("Apply complete!"), "{a}");
@@ -187,7 +191,8 @@ fn progress(file: &Path) -> String {
 }
 
 /// A pod script's steps: it waits for a file per step (`go`), its runs write their output to
-/// `<dir>/<run>.out` and a line `<run> <exit code>` to `<dir>/done`.
+/// `<dir>/<run>.out` and a line `<run> <exit code>` to `<dir>/done` (the progress file). Its
+/// methods make the script's lines, so that each line of a test's script says what it is.
 struct Steps {
     dir: PathBuf,
 }
@@ -207,6 +212,28 @@ impl Steps {
         )
     }
 
+    /// The sh line that starts `command` in the background as run `run`.
+    fn start(&self, run: &str, command: &str) -> String {
+        format!("{command} > {} 2>&1 &", self.out_file(run).display())
+    }
+
+    /// The sh line that runs `command` as run `run`, then writes `<run> <exit code>` to the
+    /// progress file.
+    fn run(&self, run: &str, command: &str) -> String {
+        let done = self.say(&format!("{run} $?"));
+        format!("{command} > {} 2>&1; {done}", self.out_file(run).display())
+    }
+
+    /// The sh line that writes `line` to the progress file.
+    fn say(&self, line: &str) -> String {
+        format!("echo \"{line}\" >> {}", self.dir.join("done").display())
+    }
+
+    /// The script of `lines`.
+    fn script(lines: &[String]) -> String {
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
     /// Lets the script past `step`.
     fn go(&self, step: &str) {
         fs::write(self.dir.join(step), "").unwrap();
@@ -223,7 +250,12 @@ impl Steps {
 
     /// What run `run` printed.
     fn out(&self, run: &str) -> String {
-        read(&self.dir.join(format!("{run}.out")))
+        read(&self.out_file(run))
+    }
+
+    /// Where run `run`'s output goes.
+    fn out_file(&self, run: &str) -> PathBuf {
+        self.dir.join(format!("{run}.out"))
     }
 }
 
@@ -274,31 +306,33 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
     let other = other_path(&w, how);
     let chdir = format!("-chdir={}", other.display());
     let steps = Steps::new(&w);
-    let (t, done) = (&steps.dir, steps.dir.join("done"));
-    let apply = "terraform apply -auto-approve -input=false -no-color";
-    let script = format!(
-        "{apply} > {t}/r2.out 2>&1 &\n\
-         {go_r0}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=300s > {t}/r0.out 2>&1 &\n\
-         {go_r3}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
-         wait\n\
-         echo \"r2 done\" >> {done}\n\
-         {go_r4}\n\
-         TF_VAR_sleep=0 terraform {chdir} apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n",
-        t = t.display(),
-        done = done.display(),
-        go_r0 = steps.wait("go-r0"),
-        go_r3 = steps.wait("go-r3"),
-        go_r4 = steps.wait("go-r4"),
-    );
+    let done = steps.dir.join("done");
+    // R2 holds its lock until the test opens this gate (after R3's recovery).
+    let gate = steps.dir.join("r2-gate");
+    let apply = "apply -auto-approve -input=false -no-color";
+    // R0, R3 and R4 apply through the other path, without a sleep or a gate.
+    let via_other = format!("TF_VAR_sleep=0 TF_VAR_gate= terraform {chdir} {apply}");
+    let script = Steps::script(&[
+        steps.start("r2", &format!("terraform {apply}")),
+        steps.wait("go-r0"),
+        steps.start("r0", &format!("{via_other} -lock-timeout=300s")),
+        steps.wait("go-r3"),
+        steps.run("r3", &format!("{via_other} -lock-timeout=0s")),
+        "wait".into(),
+        steps.say("r2 done"),
+        steps.wait("go-r4"),
+        steps.run("r4", &format!("{via_other} -lock-timeout=0s")),
+    ]);
     let mut pod = Pod::start(
         &w,
         PodSpec {
             name: "pod-a",
             uid: None,
             script,
-            env: vec![("TF_VAR_sleep", "40".into())],
+            env: vec![
+                ("TF_VAR_sleep", "0".into()),
+                ("TF_VAR_gate", gate.display().to_string()),
+            ],
         },
     );
     let lock = wait_for(STEP, "R2's lock", || w.moto.lock(STATE));
@@ -327,6 +361,7 @@ fn a_live_runs_lock_is_never_released_through_another_path_to_its_state(
         "R2's lock untouched: {}",
         pod.log()
     );
+    fs::write(&gate, "").unwrap();
     steps.until("r2 done", Duration::from_secs(90));
     let r2 = steps.out("r2");
     assert!(r2.contains("Apply complete!"), "{r2}");
@@ -431,31 +466,36 @@ fn a_dead_runs_lock_waits_while_a_live_run_of_its_who_may_lock_its_state(tf: &Te
     fs::create_dir_all(&c).unwrap();
     fs::copy(w.ws.join("main.tf"), c.join("main.tf")).unwrap();
     let steps = Steps::new(&w);
-    let (t, done) = (&steps.dir, steps.dir.join("done"));
+    let done = steps.dir.join("done");
     let init_chdir = format!("-chdir={}", c.display());
-    let init_config: Vec<String> = w.tf.s3_backend_config(&hole, w.lock);
-    let script = format!(
-        "terraform apply -auto-approve -input=false -no-color > {t}/r0.out 2>&1 &\n\
-         {go_init}\n\
-         terraform {init_chdir} init -input=false -no-color {plugins} {config} > {t}/init.out 2>&1 &\n\
-         {go_r3}\n\
-         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r3.out 2>&1; echo \"r3 $?\" >> {done}\n\
-         {go_r4}\n\
-         TF_VAR_sleep=0 terraform apply -auto-approve -input=false -no-color -lock-timeout=0s > {t}/r4.out 2>&1; echo \"r4 $?\" >> {done}\n\
-         wait\n",
-        t = t.display(),
-        done = done.display(),
-        plugins = plugin_dir_arg(),
-        // Single quotes: 1.6+'s `endpoints={s3="..."}` holds double quotes.
-        config = init_config
+    // Single quotes: 1.6+'s `endpoints={s3="..."}` holds double quotes.
+    let init_config =
+        w.tf.s3_backend_config(&hole, w.lock)
             .iter()
             .map(|a| format!("'{a}'"))
             .collect::<Vec<_>>()
-            .join(" "),
-        go_init = steps.wait("go-init"),
-        go_r3 = steps.wait("go-r3"),
-        go_r4 = steps.wait("go-r4"),
-    );
+            .join(" ");
+    let plugins = plugin_dir_arg();
+    let apply = "apply -auto-approve -input=false -no-color";
+    let script = Steps::script(&[
+        steps.start("r0", &format!("terraform {apply}")),
+        steps.wait("go-init"),
+        steps.start(
+            "init",
+            &format!("terraform {init_chdir} init -input=false -no-color {plugins} {init_config}"),
+        ),
+        steps.wait("go-r3"),
+        steps.run(
+            "r3",
+            &format!("TF_VAR_sleep=0 terraform {apply} -lock-timeout=0s"),
+        ),
+        steps.wait("go-r4"),
+        steps.run(
+            "r4",
+            &format!("TF_VAR_sleep=0 terraform {apply} -lock-timeout=0s"),
+        ),
+        "wait".into(),
+    ]);
     let mut pod = Pod::start(
         &w,
         PodSpec {

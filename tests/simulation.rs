@@ -13,7 +13,7 @@
 //! lockinfo's `parse_probe_of` reading what each terraform version prints. Around them, models of
 //! the code that does I/O, following it step by step: the recorder thread (recorder.rs's
 //! `Worker`), the init's loop for state-locking runs (src/init/records.rs, runs/launch.rs) and
-//! the recovery helper (recover.rs's `Recovery::run`, for an init's `__recover` or a person's
+//! the recovery helper (recover/mod.rs's `Recovery::run`, for an init's `__recover` or a person's
 //! `tfinit recover`).
 //!
 //! # What is modelled (tests/simulation/*.rs)

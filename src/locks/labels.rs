@@ -1,7 +1,7 @@
 //! What a lock recovery decided and on which backend, as `tfinit_force_unlocks_total` and the
 //! recovery helper's report name them: one list each, so the helper that writes a label and the
-//! init that counts it cannot drift. Kept apart from recover.rs, whose [`Outcome`] carries the
-//! details a label leaves out.
+//! init that counts it cannot drift. Kept apart from recover/outcome.rs, whose [`Outcome`] carries
+//! the details a label leaves out.
 //!
 //! [`Outcome`]: super::recover::Outcome
 

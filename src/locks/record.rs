@@ -344,38 +344,79 @@ pub enum Unread {
     Failed(String),
 }
 
+/// Why bytes found as a record file are not a record this tfinit reads. A reader tells a
+/// record of a newer format ([`RecordError::future`]: left alone, for the tfinit that wrote it)
+/// from a damaged one (set aside).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Not JSON, or not the shape of a record (serde_json's message).
+    #[error("not a record: {0}")]
+    NotARecord(String),
+    /// A format version this tfinit does not read: older than [`OLDEST_FORMAT`], or newer than
+    /// [`FORMAT`] (a newer tfinit's).
+    #[error(
+        "format version {v} (this tfinit reads {} to {})",
+        OLDEST_FORMAT,
+        FORMAT
+    )]
+    Version {
+        /// The version the file states.
+        v: u32,
+    },
+    /// An owner name that is not one (it becomes a file name).
+    #[error("invalid owner name {0:?}")]
+    Owner(String),
+    /// A run id that is not what the init makes (it becomes a file name).
+    #[error("invalid run id {0:?} (tfinit writes r1, r2, ...)")]
+    RunId(String),
+    /// A working directory that is not an absolute path.
+    #[error("workdir {0:?} is not an absolute path")]
+    Workdir(String),
+    /// A workspace name that is not one.
+    #[error("invalid workspace name {0:?}")]
+    Workspace(String),
+    /// A TF_DATA_DIR that is not an absolute path.
+    #[error("data_dir {0:?} is not an absolute path")]
+    DataDir(String),
+}
+
+impl RecordError {
+    /// The format version of a record written by a newer tfinit, which this one leaves alone
+    /// rather than set aside as corrupt.
+    pub fn future(&self) -> Option<u32> {
+        match self {
+            RecordError::Version { v } if *v > FORMAT => Some(*v),
+            _ => None,
+        }
+    }
+}
+
 /// Parses a record file's bytes. Besides JSON shape and version, the fields that become paths or
 /// command arguments are checked, so a damaged or hand-made file cannot steer a recovery.
-pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
+pub fn parse_record(bytes: &[u8]) -> Result<Record, RecordError> {
     #[derive(Deserialize)]
     struct Version {
         v: u32,
     }
-    let version: Version =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
+    let not_a_record = |e: serde_json::Error| RecordError::NotARecord(e.to_string());
+    let version: Version = serde_json::from_slice(bytes).map_err(not_a_record)?;
     if !(OLDEST_FORMAT..=FORMAT).contains(&version.v) {
-        return Err(format!(
-            "format version {} (this tfinit reads {OLDEST_FORMAT} to {FORMAT})",
-            version.v
-        ));
+        return Err(RecordError::Version { v: version.v });
     }
-    let rec: Record = serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
+    let rec: Record = serde_json::from_slice(bytes).map_err(not_a_record)?;
     if !valid_owner(&rec.owner.name) {
-        return Err(format!("invalid owner name {:?}", rec.owner.name));
+        return Err(RecordError::Owner(rec.owner.name));
     }
     // The run id is part of the file name a recovery writes the record back to (`needs_person`):
     // it must be what the init makes, `r` and a number, and no path.
     if !valid_run_id(&rec.run_id) {
-        return Err(format!(
-            "invalid run id {:?} (tfinit writes r1, r2, ...)",
-            rec.run_id
-        ));
+        return Err(RecordError::RunId(rec.run_id));
     }
     if !Path::new(&rec.workdir).is_absolute() {
-        return Err(format!("workdir {:?} is not an absolute path", rec.workdir));
+        return Err(RecordError::Workdir(rec.workdir));
     }
     if !valid_workspace(&rec.workspace) {
-        return Err(format!("invalid workspace name {:?}", rec.workspace));
+        return Err(RecordError::Workspace(rec.workspace));
     }
     // It becomes a recovery's TF_DATA_DIR: an absolute path, as the init writes it.
     if let Some(d) = rec
@@ -383,7 +424,7 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, String> {
         .as_deref()
         .filter(|d| !Path::new(d).is_absolute())
     {
-        return Err(format!("data_dir {d:?} is not an absolute path"));
+        return Err(RecordError::DataDir(d.to_string()));
     }
     Ok(rec)
 }
@@ -445,6 +486,34 @@ mod tests {
         for cut in 0..ok.len() - 1 {
             assert!(parse_record(&ok[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn only_a_newer_format_is_left_for_the_tfinit_that_wrote_it() {
+        let ok = serde_json::to_vec(&sample(&Owner::current("pod-a", None))).unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&ok).unwrap();
+        let with_version = |version: u32| {
+            let mut v = v.clone();
+            v["v"] = serde_json::json!(version);
+            parse_record(&serde_json::to_vec(&v).unwrap()).unwrap_err()
+        };
+        let newer = with_version(FORMAT + 1);
+        assert_eq!(newer.future(), Some(FORMAT + 1));
+        // Its message is the one a person reads in the warning and in a corrupt file's report.
+        assert_eq!(
+            newer.to_string(),
+            format!(
+                "format version {} (this tfinit reads {OLDEST_FORMAT} to {FORMAT})",
+                FORMAT + 1
+            )
+        );
+        assert_eq!(with_version(OLDEST_FORMAT - 1).future(), None);
+        // Damaged or not JSON: corrupt, whatever the version.
+        v["owner"]["name"] = serde_json::json!("../x");
+        let bad = parse_record(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(bad, RecordError::Owner("../x".into()));
+        assert_eq!(bad.future(), None);
+        assert_eq!(parse_record(b"{").unwrap_err().future(), None);
     }
 
     #[test]

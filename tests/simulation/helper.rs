@@ -1,13 +1,13 @@
 //! The recovery helper process (`tfinit __recover` for one working directory, or `tfinit recover`
 //! run by hand for every record), as a task: the procedure of `Recovery::run` in
-//! src/locks/recover.rs step by step (import the loop's watches, watch undecided owners every
+//! src/locks/recover/mod.rs step by step (import the loop's watches, watch undecided owners every
 //! 500 ms, take `recover.lock`, list, and for each record: a fresh liveness check, the probe,
 //! `decide`, the re-check of liveness and records right before the force-unlock), every storage
 //! call and terraform run a timed operation. The decisions are the real ones: `Observer` (and its
 //! judging TTL), `run_state`, `last_alive_ms`, `kernel_proof_with`, `state::may_share`,
 //! `live_on_host`, `decide`, and lockinfo's parser reading the text the helper's terraform
 //! version prints. The guards that live in the helper (`recover.lock`, the live-run check) ask
-//! `tfinit::mutation::on` where recover.rs does. Under `Rules::Legacy` it is the old helper:
+//! `tfinit::mutation::on` where recover/ does. Under `Rules::Legacy` it is the old helper:
 //! `recover.lock` first, one listing, the old wall-clock rules, no re-check.
 
 use std::path::Path;
@@ -31,9 +31,9 @@ use super::world::{
     Ev, Lock, LockKey, LoopEv, Ms, PState, Rules, Sim, Tf, VKind, WaitFor, World, EPOCH_MS,
 };
 
-/// How often the helper re-reads a heartbeat it watches (recover.rs: WATCH_EVERY).
+/// How often the helper re-reads a heartbeat it watches (recover/mod.rs: WATCH_EVERY).
 const WATCH_EVERY: Duration = Duration::from_millis(500);
-/// How long it waits for another recovery's `recover.lock` (recover.rs: LOCK_WAIT).
+/// How long it waits for another recovery's `recover.lock` (recover/mod.rs: LOCK_WAIT).
 const LOCK_WAIT: Ms = 250_000;
 
 /// What the probe found (lockinfo::Probe, the cases the backend model has).
@@ -95,7 +95,7 @@ fn ctx(w: &World, h: usize) -> Ctx {
 }
 
 impl Ctx {
-    /// recover.rs `run`'s `only`: whether record `rec` is in the directory this helper recovers
+    /// recover/mod.rs `run`'s `only`: whether record `rec` is in the directory this helper recovers
     /// (`same_dir`: the same text, or the same directory once symbolic links are resolved).
     fn covers(&self, w: &World, rec: &Record) -> bool {
         let Some(d) = self.workdir else {
@@ -149,7 +149,7 @@ async fn new_helper(sim: &Sim, h: usize) {
     }
 }
 
-/// Watches the owners of `records`, and the tfinits on the hosts their `Who` names (recover.rs:
+/// Watches the owners of `records`, and the tfinits on the hosts their `Who` names (recover/mod.rs:
 /// `watch`), until each is alive, dead or proven gone.
 async fn watch(sim: &Sim, c: &Ctx, observer: &mut Observer, records: &[Rc<Record>]) {
     let mut owners: Vec<Owner> = Vec::new();
@@ -214,7 +214,7 @@ async fn read_beat(sim: &Sim, c: &Ctx, observer: &mut Observer, owner: &Owner) -
     start
 }
 
-/// What the kernel says of `owner`'s lock file (recover.rs: `kernel`): its heartbeat, read now,
+/// What the kernel says of `owner`'s lock file (recover/mod.rs: `kernel`): its heartbeat, read now,
 /// and the store's one rule (`kernel_proof_with`) on this node's kernel.
 async fn kernel(sim: &Sim, c: &Ctx, owner: &Owner) -> Option<bool> {
     let hb = read_heartbeat(sim, c.node, owner).await;
@@ -318,7 +318,7 @@ async fn one(
     }
 }
 
-/// recover.rs's `window`, with its reads.
+/// recover/evidence.rs's `window`, with its reads.
 async fn window(
     sim: &Sim,
     c: &Ctx,
@@ -346,9 +346,9 @@ async fn window(
             break;
         }
     }
-    // recover.rs: any tfinit that may be alive on the host the lock's Who names (its runs, with
-    // records or not, lock as that Who): every heartbeat file, then (unless that check is
-    // turned off) a liveness read of each one on that host, in order, until one may be alive.
+    // recover/evidence.rs: any tfinit that may be alive on the host the lock's Who names (its
+    // runs, with records or not, lock as that Who): every heartbeat file, then (unless that check
+    // is turned off) a liveness read of each one on that host, in order, until one may be alive.
     let beats = heartbeats(sim, c.node).await;
     let host = who_host(&info.who).to_string();
     let mut first_alive = None;
@@ -401,9 +401,9 @@ async fn heartbeats(sim: &Sim, node: usize) -> Vec<Heartbeat> {
     .await
 }
 
-/// recover.rs `window`'s live-run check: a live run of the helper's own init (as it was when the
-/// helper started) with the lock's Who, that started before the lock was created (plus clock
-/// skew), on a state that may be the record's `state`.
+/// recover/evidence.rs `window`'s live-run check: a live run of the helper's own init (as it was
+/// when the helper started) with the lock's Who, that started before the lock was created (plus
+/// clock skew), on a state that may be the record's `state`.
 fn live_same_who(w: &World, h: usize, state: &StateOf, info: &LockInfo) -> Option<String> {
     let skew = CLOCK_SKEW.as_millis() as u64;
     w.helpers[h]
@@ -436,8 +436,8 @@ fn legacy_live_same_who(w: &World, h: usize, rec: &Record, info: &LockInfo) -> O
 }
 
 impl World {
-    /// What recover.rs's `record_state`/`live_state` read (`state::read`) of a run in `workdir`
-    /// and `workspace`: the text-named state when the state identity is turned off
+    /// What recover/evidence.rs's `record_state`/`live_state` read (`state::read`) of a run in
+    /// `workdir` and `workspace`: the text-named state when the state identity is turned off
     /// (`state::by_text`), else the backend settings terraform stored in the directory the path
     /// resolves to (`state::of_backend_file` on the JSON of its `.terraform/terraform.tfstate`).
     pub fn state_of(&self, workdir: &str, workspace: &str) -> StateOf {

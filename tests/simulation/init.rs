@@ -948,8 +948,8 @@ impl World {
         }
         let dirs = self.cfg.dirs.clone();
         let key = (dirs[workdir as usize].state, ws);
-        // The records the helper of `workdir` recovers (recover.rs `same_dir`): this directory's,
-        // by its text or once symbolic links are resolved.
+        // The records the helper of `workdir` recovers (recover/mod.rs `same_dir`): this
+        // directory's, by its text or once symbolic links are resolved.
         let covered = |rec: &Record| {
             dir_of(&rec.workdir).is_some_and(|d| {
                 d == workdir || dirs[d as usize].real == dirs[workdir as usize].real
@@ -973,7 +973,7 @@ impl World {
         };
         // A tfinit other than the asking one that lives (or died too recently to have been
         // watched dead) on the host a Who names: its runs lock as that Who, recorded or not, so
-        // a lock with that Who is left alone by design (recover.rs `live_on_host`).
+        // a lock with that Who is left alone by design (recover/evidence.rs `live_on_host`).
         let neighbour = |w: &World, who: &str| {
             let host = who_host(who);
             w.incs.iter().enumerate().any(|(j, i)| {
@@ -983,7 +983,7 @@ impl World {
             })
         };
         // A record of a run that may be alive, with the Who `who`, on a state that may be
-        // `state`'s (recover.rs `window`'s twin): the lock is left alone by design.
+        // `state`'s (recover/evidence.rs `window`'s twin): the lock is left alone by design.
         let twin_record = |w: &World, who: &str, except: u64, rec: &Record| {
             let state = w.state_of(&rec.workdir, &rec.workspace);
             w.store.records.iter().any(|(id, s)| {

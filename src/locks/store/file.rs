@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
-use serde::Deserialize;
 
 use super::fsio::{
     aside_path, atomic_write, flock_free, kind_of, local_filesystem, open_regular, read_limited,
@@ -17,8 +16,7 @@ use super::kernel::same_lock_file;
 use super::{Aside, RecoveryLock, Store};
 use crate::locks::names::valid_owner;
 use crate::locks::record::{
-    age, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
-    MAX_FILE,
+    age, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, HEARTBEAT_FORMAT, MAX_FILE,
 };
 use std::os::fd::OwnedFd;
 
@@ -188,9 +186,9 @@ impl Store for FileStore {
                 }
                 Ok(bytes) => match parse_record(&bytes) {
                     Ok(r) => out.push(Found::Record(path, Box::new(r))),
-                    Err(problem) => match future_version(&bytes) {
+                    Err(problem) => match problem.future() {
                         Some(v) => out.push(Found::Future(path, v)),
-                        None => out.push(Found::Corrupt(path, problem)),
+                        None => out.push(Found::Corrupt(path, problem.to_string())),
                     },
                 },
             }
@@ -220,7 +218,7 @@ impl Store for FileStore {
                 bytes.len()
             ))
         } else {
-            parse_record(&bytes).err()
+            parse_record(&bytes).err().map(|e| e.to_string())
         };
         if let Some(problem) = problem {
             return Err(io::Error::new(
@@ -441,17 +439,6 @@ fn found_path(f: &Found) -> &Path {
         | Found::Unreadable(p, _)
         | Found::LeftAlone(p, _) => p,
     }
-}
-
-fn future_version(bytes: &[u8]) -> Option<u32> {
-    #[derive(Deserialize)]
-    struct Version {
-        v: u32,
-    }
-    serde_json::from_slice::<Version>(bytes)
-        .ok()
-        .map(|v| v.v)
-        .filter(|v| *v > FORMAT)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use super::Aside;
 use crate::kube::{label_value, lease_name, Lease, MicroTime};
 use crate::locks::record::{
-    parse_record, Found, Heartbeat, Owner, Record, Unread, FORMAT, HEARTBEAT_FORMAT,
+    parse_record, Found, Heartbeat, Owner, Record, Unread, HEARTBEAT_FORMAT,
 };
 
 use super::id::lease_id;
@@ -153,7 +153,7 @@ pub fn heartbeat_lease(hb: &Heartbeat, base: Option<&Lease>) -> Lease {
 pub fn record_lease(record: &Record, base: Option<&Lease>) -> Result<Lease, String> {
     let json = serde_json::to_string(&*record.fitted_within(RECORD_LIST_BUDGET))
         .map_err(|e| e.to_string())?;
-    parse_record(json.as_bytes())?;
+    parse_record(json.as_bytes()).map_err(|e| e.to_string())?;
     let name = record_name(record);
     let mut l = ours(
         base,
@@ -214,9 +214,9 @@ pub fn found_of(ns: &str, lease: &Lease) -> Found {
     };
     match parse_record(json.as_bytes()) {
         Ok(r) => Found::Record(id, Box::new(r)),
-        Err(problem) => match future_version(json) {
+        Err(problem) => match problem.future() {
             Some(v) => Found::Future(id, v),
-            None => Found::Corrupt(id, problem),
+            None => Found::Corrupt(id, problem.to_string()),
         },
     }
 }
@@ -226,18 +226,6 @@ pub fn found_of(ns: &str, lease: &Lease) -> Found {
 pub fn unreadable_item(ns: &str, name: Option<&str>, detail: &str) -> Found {
     let id = lease_id(ns, name.unwrap_or("(no name)"));
     Found::LeftAlone(id, Unread::Failed(detail.to_string()))
-}
-
-/// The format version of a record of a newer tfinit.
-fn future_version(json: &str) -> Option<u32> {
-    #[derive(serde::Deserialize)]
-    struct Version {
-        v: u32,
-    }
-    serde_json::from_str::<Version>(json)
-        .ok()
-        .map(|v| v.v)
-        .filter(|v| *v > FORMAT)
 }
 
 #[cfg(test)]

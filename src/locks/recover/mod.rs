@@ -1,0 +1,410 @@
+//! Recovery of state locks left by dead runs: probe, decide, and force-unlock only what is
+//! provably the dead run's. Runs as its own process (the init's hidden `__recover` helper, or
+//! `tfinit recover` by hand), so the init's loop never waits on terraform or the network. One
+//! recovery at a time per state directory (flock on `recover.lock`), so two pods never race to
+//! unlock the same lock (terraform's s3 Unlock reads, compares, then deletes unconditionally).
+//!
+//! Decision for each record whose run is over (owner dead, or terraform seen dying), in the
+//! record's working directory and workspace (docs/records.md has the full table):
+//! | backend                       | probe says              | action                                   |
+//! |-------------------------------|-------------------------|------------------------------------------|
+//! | not initialised (no data dir) | -                       | cannot tell: keep the record             |
+//! | local, pg (locks die with us) | -                       | remove the record                        |
+//! | consul, http, other           | - (never probed)        | warn: release by hand; record set aside  |
+//! | s3, kubernetes, azurerm, gcs  | free                    | remove the record                        |
+//! |                               | held, Who equal, Created inside the run's life, no live run with that Who here | force-unlock; warn with orphan candidates |
+//! |                               | held, and a live run here has the same Who | leave the lock; keep the record |
+//! |                               | held by anyone else     | leave the lock; remove the record        |
+//! |                               | held by the dead run, state missing (`Failed to load state`) | needs a person: no unlock (it cannot work), one error with the command that releases it; record kept, marked `needs_person` |
+//! |                               | cannot tell             | leave everything; try again next run     |
+//!
+//! kubernetes: a NotFound of the lock's own Lease (deleted by hand) is "free"; a missing namespace,
+//! Forbidden, an unreachable server stay "cannot tell". A `needs_person` record is skipped by the
+//! automatic recovery of the incarnation that reported it; `tfinit recover` probes it again.
+//!
+//! This file is the procedure (list, watch, decide, act, per record); `decision.rs` decides on the
+//! evidence alone, `evidence.rs` gathers it (the window of the dead run's life, and the live runs
+//! and hosts that could have written the same Who), `backend.rs` reads what the working directory
+//! was initialised with and writes the command a person runs, `invoke.rs` runs terraform,
+//! `outcome.rs` is what a recovery decided and what the helper tells the init, `report.rs` the
+//! log lines.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::liveness::{self, run_state, Facts, Observer, RunState, Seen, Token, Verdict};
+use super::lockinfo::{self, Probe};
+use super::record::{self, Found, NeedsPerson, Owner, Record};
+use super::store::{self, Aside, Store};
+use super::who::who_host;
+use crate::duration::fmt_duration;
+use crate::mutation::{self, Guard};
+
+mod backend;
+mod decision;
+mod evidence;
+mod invoke;
+mod outcome;
+mod report;
+#[cfg(test)]
+mod tests;
+
+pub use backend::{backend_config, backend_type, kubernetes_lease, release_command};
+use backend::{backend_config_in, backend_type_in, record_data_dir};
+pub use decision::{decide, Decision, Window, CLOCK_SKEW};
+pub use evidence::live_on_host;
+use invoke::run_terraform;
+pub use outcome::{HelperReport, Outcome, UnknownWording, REPORT_FD_VAR};
+
+/// The init's hidden subcommand that recovers one working directory.
+pub const HIDDEN_SUBCOMMAND: &str = "__recover";
+/// How long a recovery waits for another one in the same state directory.
+const LOCK_WAIT: Duration = Duration::from_secs(250);
+/// One recovery pass.
+pub struct Recovery {
+    /// The state directory.
+    pub store: Box<dyn Store>,
+    /// The live incarnation of this owner (its running records are never recovered).
+    pub me: Owner,
+    /// This observer's TFINIT_OWNER_TTL (an owner is judged by its own when that is longer).
+    pub ttl: Duration,
+    /// TFINIT_OLDER_OWNER_TTL: what an owner whose heartbeat states no TTL is judged by.
+    pub older_ttl: Duration,
+    /// The real terraform.
+    pub terraform: PathBuf,
+    /// Report only.
+    pub dry_run: bool,
+    /// The init's live state-locking runs, recorded or not (empty for `tfinit recover`): a
+    /// lock with one's Who on a state it may lock may be that run's.
+    pub live: Vec<super::book::LiveRun>,
+    /// The init's own recovery before a run (not `tfinit recover` by hand): it skips the records
+    /// it already reported as needing a person.
+    pub automatic: bool,
+    /// What the init has seen of other incarnations' heartbeats (empty for `tfinit recover`,
+    /// which watches them itself for one TTL before it can call any of them dead).
+    pub seen: Vec<Seen>,
+}
+
+/// How often a recovery re-reads a heartbeat it is watching.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+impl Recovery {
+    /// Recovers every record whose run is over (in `only` when given). Corrupt records are set
+    /// aside with a warning (not in a dry run); files left alone are named in a warning. Returns each record's outcome; an error when the
+    /// state directory's recovery lock cannot be taken (a dry run takes none).
+    pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
+        let mut observer =
+            Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
+        let only = only.map(|d| (d, fs::canonicalize(d).ok()));
+        let only = only.as_ref();
+        // Watching first, without the state directory's recovery lock: a pod that just came up
+        // watches another's heartbeat for a TTL before it can call it dead, and other pods'
+        // recoveries need not wait for that.
+        let listed: Vec<Record> = self
+            .store
+            .list()
+            .into_iter()
+            .filter_map(|f| match f {
+                Found::Record(_, r) if only.is_none_or(|d| same_dir(d, &r.workdir)) => Some(*r),
+                _ => None,
+            })
+            .collect();
+        self.watch(&mut observer, &listed);
+        // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
+        let _lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
+            None
+        } else {
+            Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
+                format!(
+                    "the lock recovery in {} cannot start: {e}",
+                    self.store.location()
+                )
+            })?)
+        };
+        let found = self.store.list();
+        let records: Vec<(PathBuf, Record)> = found
+            .iter()
+            .filter_map(|f| match f {
+                Found::Record(p, r) => Some((p.clone(), (**r).clone())),
+                _ => None,
+            })
+            .collect();
+        let mut out = Vec::new();
+        for f in found {
+            match f {
+                Found::Corrupt(path, problem) => {
+                    if self.dry_run {
+                        tracing::warn!(file = %path.display(), problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
+                    } else {
+                        store::set_aside_corrupt(&*self.store, &path, &problem);
+                    }
+                }
+                Found::Unreadable(path, e) => store::warn_unreadable(&path, &e),
+                Found::LeftAlone(path, why) => store::warn_left_alone(&path, &why),
+                Found::Future(path, v) => tracing::warn!(
+                    file = %path.display(), version = v, this_version = record::FORMAT,
+                    "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
+                ),
+                Found::Record(path, rec) => {
+                    if only.is_some_and(|d| !same_dir(d, &rec.workdir)) {
+                        continue;
+                    }
+                    let outcome = self.one(&mut observer, &path, &rec, &records);
+                    out.push((path, rec, outcome));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Watches the heartbeats of the owners of `records` until each is alive (changed) or dead
+    /// (unchanged for a TTL), or proven gone by the kernel; and so those of the tfinits on the
+    /// hosts the records' `Who` names, which [`live_on_host`] asks about (one that died shortly
+    /// before would otherwise stay "may be alive" and keep a dead run's lock for good). Says once
+    /// what it waits for.
+    fn watch(&self, observer: &mut Observer, records: &[Record]) {
+        let mut owners: Vec<Owner> = Vec::new();
+        let mut add = |o: &Owner| {
+            if !o.same_incarnation(&self.me) && !owners.iter().any(|x| x.same_incarnation(o)) {
+                owners.push(o.clone());
+            }
+        };
+        for r in records.iter().filter(|r| r.ended.is_none()) {
+            add(&r.owner);
+            observer.stated(&r.owner.key(), r.owner_ttl());
+        }
+        let hosts: Vec<&str> = records.iter().map(|r| who_host(&r.who)).collect();
+        for hb in self.store.heartbeats() {
+            if !hb.host.is_empty() && hosts.contains(&hb.host.as_str()) {
+                add(&hb.owner);
+            }
+        }
+        let mut said = false;
+        let mut older_said: Vec<String> = Vec::new();
+        loop {
+            let now = Instant::now();
+            let mut longest = Duration::ZERO;
+            for o in &owners {
+                if self.kernel(o).is_some() {
+                    continue;
+                }
+                self.read_beat(observer, o);
+                // An older tfinit states no TTL: it is judged by TFINIT_OLDER_OWNER_TTL, a year by
+                // default, which no run waits for. Its record stays until it is decided.
+                let key = o.key();
+                if !observer.knows_ttl(&key) && observer.older() > self.ttl {
+                    if !older_said.contains(&key) {
+                        older_said.push(key.clone());
+                        tracing::warn!(
+                            owner = %o.name, incarnation = %o.incarnation(),
+                            older_owner_ttl_seconds = observer.older().as_secs_f64(),
+                            "owner {} (incarnation {}) is a tfinit older than record format 4, whose heartbeat does not say its TFINIT_OWNER_TTL: its runs count as alive until its heartbeat has not changed for TFINIT_OLDER_OWNER_TTL ({}); if every older pod ran with a TTL of at most D, set TFINIT_OLDER_OWNER_TTL=D (here, or for `tfinit recover`) to let its dead runs' locks be released after D",
+                            o.name, o.incarnation(), fmt_duration(observer.older())
+                        );
+                    }
+                    continue;
+                }
+                if let Verdict::Watching { left } = observer.verdict(&key, Instant::now()) {
+                    longest = longest.max(left);
+                    if !said {
+                        said = true;
+                        let ttl = observer.judging_ttl(&key);
+                        tracing::info!(
+                            owner = %o.name, incarnation = %o.incarnation(),
+                            ttl_seconds = ttl.as_secs_f64(), left_seconds = left.as_secs_f64(),
+                            "waiting up to {:.1}s to tell whether owner {} (incarnation {}) is alive: its heartbeat must be watched unchanged for its TFINIT_OWNER_TTL ({}, or this pod's own when longer) on this pod's own clock before its lock may be released (a pod that just came up watches for one TTL)",
+                            left.as_secs_f64(), o.name, o.incarnation(), fmt_duration(ttl)
+                        );
+                    }
+                }
+            }
+            if longest.is_zero() {
+                return;
+            }
+            std::thread::sleep(WATCH_EVERY.min(longest).saturating_sub(now.elapsed()));
+        }
+    }
+
+    /// One read of `owner`'s heartbeat, fed to `observer`.
+    fn read_beat(&self, observer: &mut Observer, owner: &Owner) {
+        let started = Instant::now();
+        let token = self.store.read_heartbeat(owner).map(|h| Token::of(&h));
+        observer.saw(&owner.key(), token, started, Instant::now());
+    }
+
+    /// What the kernel says of `owner`'s lock file when it ran on this kernel and its heartbeat
+    /// names the file it held: Some(true) every process of it is gone, Some(false) one still
+    /// holds it (alive).
+    fn kernel(&self, owner: &Owner) -> Option<bool> {
+        let hb = self.store.read_heartbeat(owner);
+        self.store.kernel_proof(&self.me, owner, hb.as_ref())
+    }
+
+    /// Whether `rec`'s run is over, with a fresh read of its owner's heartbeat.
+    fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
+        let facts = Facts::of(rec);
+        observer.stated(&rec.owner.key(), facts.ttl);
+        if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
+            return run_state(&self.me, &facts, None, Verdict::Alive);
+        }
+        let kernel = self.kernel(&rec.owner);
+        if kernel.is_none() {
+            self.read_beat(observer, &rec.owner);
+        }
+        let verdict = observer.verdict(&rec.owner.key(), Instant::now());
+        run_state(&self.me, &facts, kernel, verdict)
+    }
+
+    fn one(
+        &self,
+        observer: &mut Observer,
+        path: &Path,
+        rec: &Record,
+        all: &[(PathBuf, Record)],
+    ) -> Outcome {
+        let RunState::Over(why_dead) = self.state_now(observer, rec) else {
+            return Outcome::OwnerAlive;
+        };
+        if self.automatic
+            && Facts::of(rec).needs_person_by.as_deref() == Some(self.me.incarnation().as_str())
+        {
+            return Outcome::WaitingForPerson;
+        }
+        let workdir = Path::new(&rec.workdir);
+        let data_dir = record_data_dir(rec);
+        let backend = backend_type_in(&data_dir);
+        let outcome = match backend.as_deref() {
+            // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
+            // runs, in a fresh working directory): the backend is unknown, not local.
+            None if !data_dir.is_dir() => Outcome::Unknown(format!(
+                "{} is not initialised ({} does not exist): its backend is unknown until `terraform init` runs there",
+                workdir.display(),
+                data_dir.display()
+            )),
+            None | Some("local") | Some("pg") => {
+                Outcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
+            }
+            Some(b) if !lockinfo::probe_safe(b) => Outcome::Unsupported(b.to_string()),
+            Some(b) => self.probe_and_decide(observer, b, path, rec, all),
+        };
+        self.report(path, rec, &why_dead, &outcome);
+        if !self.dry_run {
+            match &outcome {
+                Outcome::NeedsPerson(info, command) => {
+                    let mut marked = rec.clone();
+                    marked.needs_person = Some(NeedsPerson {
+                        reported_by: self.me.incarnation(),
+                        ms: record::now_ms(),
+                        lock_id: info.id.clone(),
+                        command: command.clone(),
+                    });
+                    if let Err(e) = self.store.write(&marked).map(|_| ()) {
+                        tracing::warn!(record = %path.display(), error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
+                    }
+                }
+                Outcome::Unlocked(_)
+                | Outcome::HeldByOther(..)
+                | Outcome::Free
+                | Outcome::NothingToRelease(_) => {
+                    if let Err(e) = self.store.remove(path) {
+                        tracing::warn!(record = %path.display(), error = %e, "cannot remove the record");
+                    }
+                }
+                Outcome::Unsupported(_) => {
+                    if let Err(e) = self.store.set_aside(path, &Aside::Manual) {
+                        tracing::warn!(record = %path.display(), error = %e, "cannot set the record aside");
+                    }
+                }
+                _ => {}
+            }
+        }
+        outcome
+    }
+
+    fn probe_and_decide(
+        &self,
+        observer: &mut Observer,
+        backend: &str,
+        path: &Path,
+        rec: &Record,
+        all: &[(PathBuf, Record)],
+    ) -> Outcome {
+        let workdir = Path::new(&rec.workdir);
+        let data_dir = record_data_dir(rec);
+        let config = backend_config_in(&data_dir).unwrap_or_default();
+        let lease = (backend == "kubernetes").then(|| kubernetes_lease(&config, &rec.workspace).1);
+        let probe = match run_terraform(
+            &self.terraform,
+            workdir,
+            &data_dir,
+            &rec.workspace,
+            &["force-unlock", "-force", lockinfo::probe_id(backend)],
+        ) {
+            Ok((ok, output)) => lockinfo::parse_probe_of(backend, lease.as_deref(), ok, &output),
+            Err(e) => return Outcome::Unknown(e),
+        };
+        let (info, state_missing) = match probe {
+            Probe::Free => return Outcome::Free,
+            Probe::Unreadable(m) => return Outcome::Unknown(m),
+            Probe::Unknown(m) => return Outcome::UnknownWording(m),
+            Probe::Held(info) => (info, false),
+            Probe::HeldStateMissing(info) => (info, true),
+        };
+        match decide(rec, &info, &self.window(observer, path, rec, &info, all)) {
+            Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
+            Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
+            Decision::Unlock => {}
+        }
+        // terraform's force-unlock loads the state first, and loading a missing state takes the
+        // lock to create it: with the lock held, that fails whatever the id.
+        if state_missing {
+            let command = release_command(backend, &config, &rec.workspace, &info);
+            return Outcome::NeedsPerson(info, command);
+        }
+        if self.dry_run {
+            return Outcome::Unlocked(info);
+        }
+        // Right before the unlock, everything again from the volume: the owner's heartbeat (a
+        // beat since the probe makes it alive) and the records (a run that started here since,
+        // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
+        // no state-locking run of the init starts while its recovery runs.
+        if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
+            return Outcome::OwnerAlive;
+        }
+        let fresh: Vec<(PathBuf, Record)> = self
+            .store
+            .list()
+            .into_iter()
+            .filter_map(|f| match f {
+                Found::Record(p, r) => Some((p, *r)),
+                _ => None,
+            })
+            .collect();
+        match decide(rec, &info, &self.window(observer, path, rec, &info, &fresh)) {
+            Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
+            Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
+            Decision::Unlock => {}
+        }
+        match run_terraform(
+            &self.terraform,
+            workdir,
+            &data_dir,
+            &rec.workspace,
+            &["force-unlock", "-force", &info.id],
+        ) {
+            Ok((true, _)) => Outcome::Unlocked(info),
+            Ok((false, output)) => Outcome::UnlockFailed(lockinfo::first_line(&output)),
+            Err(e) => Outcome::UnlockFailed(e),
+        }
+    }
+}
+
+/// Whether the working directory `dir` (given with its resolved path) is `workdir`, by what it
+/// is: the same text, or the same directory once symbolic links are resolved.
+fn same_dir(dir: &(&Path, Option<PathBuf>), workdir: &str) -> bool {
+    let (text, resolved) = dir;
+    *text == Path::new(workdir)
+        || resolved
+            .as_ref()
+            .is_some_and(|r| fs::canonicalize(workdir).is_ok_and(|w| w == *r))
+}

@@ -1,0 +1,181 @@
+//! The recovery's unit tests: the decision's rules, the release command, and when an owner was
+//! last known alive.
+
+use super::*;
+use crate::locks::liveness::last_alive_ms;
+use crate::locks::lockinfo::LockInfo;
+use crate::locks::record::{Ended, FORMAT};
+
+const T0: u64 = 1_800_000_000_000;
+
+fn rec() -> Record {
+    Record {
+        v: FORMAT,
+        owner: Owner {
+            name: "pod-a".into(),
+            boot_id: "b".into(),
+            started_ms: T0 - 60_000,
+            pid: 1,
+            pod_uid: None,
+            nonce: None,
+        },
+        who: "@pod-a".into(),
+        run_id: "r1".into(),
+        cwd: "/tf/x".into(),
+        workdir: "/tf/x".into(),
+        workspace: "default".into(),
+        subcommand: "apply".into(),
+        argv: vec!["apply".into()],
+        started_ms: T0,
+        in_progress: vec![],
+        updated_ms: T0,
+        ended: None,
+        needs_person: None,
+        ttl_ms: Some(30_000),
+        data_dir: None,
+    }
+}
+
+fn lock(who: &str, created_ms: Option<u64>) -> LockInfo {
+    LockInfo {
+        id: "e7f9146b-c044-abab-c58c-2e409467401c".into(),
+        who: who.into(),
+        created_ms,
+        ..Default::default()
+    }
+}
+
+fn window() -> Window {
+    Window {
+        not_before_ms: T0 - CLOCK_SKEW.as_millis() as u64,
+        not_after_ms: T0 + 30_000 + CLOCK_SKEW.as_millis() as u64,
+        live_same_who: None,
+    }
+}
+
+#[test]
+fn the_dead_runs_own_lock_is_unlocked() {
+    assert_eq!(
+        decide(&rec(), &lock("@pod-a", Some(T0 + 800)), &window()),
+        Decision::Unlock
+    );
+    // Clock skew: a little before the start still counts.
+    assert_eq!(
+        decide(&rec(), &lock("@pod-a", Some(T0 - 59_000)), &window()),
+        Decision::Unlock
+    );
+}
+
+#[test]
+fn another_who_is_never_unlocked() {
+    for who in [
+        "root@laptop",
+        "@pod-b",
+        "root@pod-a",
+        "@pod-a ",
+        "@POD-A",
+        "",
+    ] {
+        assert!(
+            matches!(
+                decide(&rec(), &lock(who, Some(T0 + 1)), &window()),
+                Decision::NotOurs(_)
+            ),
+            "{who:?}"
+        );
+    }
+}
+
+#[test]
+fn a_lock_created_outside_the_runs_life_is_not_its() {
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", Some(T0 - 61_000)), &window()),
+        Decision::NotOurs(_)
+    ));
+    let late = window().not_after_ms + 1;
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", Some(late)), &window()),
+        Decision::NotOurs(_)
+    ));
+}
+
+#[test]
+fn an_unreadable_created_or_odd_id_or_live_twin_leaves_the_lock() {
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", None), &window()),
+        Decision::Ambiguous(_)
+    ));
+    let mut odd = lock("@pod-a", Some(T0 + 1));
+    odd.id = "-lock=false".into();
+    assert!(matches!(
+        decide(&rec(), &odd, &window()),
+        Decision::Ambiguous(_)
+    ));
+    let w = Window {
+        live_same_who: Some("r3 of pod-a".into()),
+        ..window()
+    };
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", Some(T0 + 1)), &w),
+        Decision::Ambiguous(_)
+    ));
+}
+
+#[test]
+fn the_release_command_names_the_backends_own_lock() {
+    let info = LockInfo {
+        id: "11111111-2222-3333-4444-555555555555".into(),
+        path: "tfstate/env:/feature/it's/terraform.tfstate".into(),
+        ..Default::default()
+    };
+    let kube = serde_json::json!({"namespace": "crossplane-system", "secret_suffix": "providerconfig-default"});
+    assert_eq!(
+        release_command("kubernetes", &kube, "feature", &info),
+        r#"kubectl -n crossplane-system patch lease lock-tfstate-feature-providerconfig-default --type=merge -p '{"metadata":{"annotations":{"app.terraform.io/lock-info":null}},"spec":{"holderIdentity":null}}'"#
+    );
+    let s3 = serde_json::json!({"dynamodb_table": "tflock", "dynamodb_endpoint": null});
+    assert_eq!(
+        release_command("s3", &s3, "feature", &info),
+        r#"aws dynamodb delete-item --table-name tflock --key '{"LockID":{"S":"tfstate/env:/feature/it'\''s/terraform.tfstate"}}' --condition-expression 'contains(Info, :id)' --expression-attribute-values '{":id":{"S":"11111111-2222-3333-4444-555555555555"}}'"#
+    );
+}
+
+#[test]
+fn last_alive_comes_from_the_owners_own_stamps_or_its_end() {
+    let ttl = Duration::from_secs(30);
+    let t0 = T0 - 600_000;
+    let mut r = rec();
+    r.started_ms = t0;
+    r.updated_ms = t0;
+    let facts = Facts::of(&r);
+    // No heartbeat: only the record's last write, plus one TTL.
+    assert_eq!(last_alive_ms(&facts, None, ttl), t0 + 30_000);
+    // Its own heartbeat: the last beat plus one TTL.
+    let hb = record::Heartbeat {
+        v: record::HEARTBEAT_FORMAT,
+        owner: r.owner.clone(),
+        seq: 4,
+        updated_ms: t0 + 20_000,
+        holds_lock: true,
+        host: String::new(),
+        ttl_ms: Some(30_000),
+        lock_file: None,
+    };
+    assert_eq!(last_alive_ms(&facts, Some(&hb), ttl), t0 + 50_000);
+    // Another incarnation's heartbeat says nothing about this one.
+    let other = record::Heartbeat {
+        owner: Owner {
+            started_ms: t0 + 5_000,
+            ..r.owner.clone()
+        },
+        ..hb.clone()
+    };
+    assert_eq!(last_alive_ms(&facts, Some(&other), ttl), t0 + 30_000);
+    // Seen dying: exactly then.
+    let mut ended = r.clone();
+    ended.ended = Some(Ended {
+        ms: t0 + 900,
+        how: "killed by SIGKILL".into(),
+    });
+    assert_eq!(last_alive_ms(&Facts::of(&ended), Some(&hb), ttl), t0 + 900);
+}

@@ -117,10 +117,8 @@ fn records_and_heartbeats_live_in_leases_of_the_namespace() {
     // A record: written, listed, read, rewritten, removed.
     let mut rec = record(&me, "r1");
     let id = s.write(&rec).unwrap();
-    assert_eq!(
-        id.display().to_string(),
-        format!("lease:{NS}/{}", record_name(&rec))
-    );
+    assert_eq!(id.to_string(), format!("Lease {NS}/{}", record_name(&rec)));
+    assert_eq!(id.as_lease_in(NS), Some(record_name(&rec).as_str()));
     let l = stored(&c, &record_name(&rec)).unwrap();
     assert_eq!(l["metadata"]["labels"]["tfinit.dev/kind"], "record");
     assert!(l["metadata"].get("ownerReferences").is_none());

@@ -14,7 +14,7 @@ use tfinit::config::StoreSetting;
 use tfinit::kube::RetryPolicy;
 use tfinit::locks::record::{now_ms, Found, Heartbeat, Owner, Record, FORMAT, HEARTBEAT_FORMAT};
 use tfinit::locks::store::kube::heartbeat_name;
-use tfinit::locks::store::{chosen_with, FileStore, KubeStore, Store};
+use tfinit::locks::store::{chosen_with, FileStore, KubeStore, RecordId, Store};
 
 use common::kube_cluster::{have_deps, Cluster, NS};
 
@@ -177,7 +177,7 @@ fn a_predecessors_record_files_are_read_beside_the_leases() {
     let s = chosen_with(StoreSetting::Auto, &dir, api(&c, &me));
     s.open(TTL).unwrap();
     let new_id = s.write(&record(&me)).unwrap();
-    let mut ids: Vec<PathBuf> = s
+    let mut ids: Vec<RecordId> = s
         .list()
         .into_iter()
         .filter_map(|f| match f {
@@ -191,7 +191,11 @@ fn a_predecessors_record_files_are_read_beside_the_leases() {
     assert_eq!(ids, want, "both stores' records");
     assert_eq!(s.read(&old_id).unwrap().owner, old);
     s.remove(&old_id).unwrap();
-    assert!(!old_id.exists(), "removed from the files");
+    assert!(
+        !old_id.as_file().unwrap().exists(),
+        "removed from the files"
+    );
+    assert!(new_id.as_lease_in(NS).is_some(), "{new_id}");
     s.remove(&new_id).unwrap();
     assert!(s.list().is_empty());
 }

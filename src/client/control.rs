@@ -11,6 +11,7 @@ use crate::config::StoreSetting;
 use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
+use crate::locks::record_id::RecordId;
 use crate::locks::recover::{self, Outcome, Recovery};
 use crate::locks::store;
 use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
@@ -359,7 +360,7 @@ fn needs_attention(outcome: &Outcome) -> bool {
 }
 
 /// One record's line in `tfinit recover`'s output.
-fn report_line(path: &std::path::Path, rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
+fn report_line(path: &RecordId, rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
     let what = outcome_text(rec, outcome, dry_run);
     let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
         String::new()
@@ -368,7 +369,7 @@ fn report_line(path: &std::path::Path, rec: &Record, outcome: &Outcome, dry_run:
     };
     format!(
         "{}: {} `terraform {}` in {} (Who {}): {what}{orphans}",
-        path.display(),
+        path,
         rec.owner.name,
         rec.argv.join(" "),
         rec.workdir,
@@ -499,7 +500,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
 /// helper (`TFINIT_REPORT_FD`), for its metrics. Each line goes in one write(2) of less than
 /// PIPE_BUF bytes, so lines of helpers that run at once never interleave. Best effort: the
 /// metrics are the only loss when it fails.
-fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
+fn tell_the_init(results: &[(RecordId, Box<Record>, Outcome)]) {
     use std::io::Write;
     let Some(pipe) = std::env::var(recover::REPORT_FD_VAR)
         .ok()
@@ -526,7 +527,7 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, Outcome)]) {
                 .count() as u64,
             unknown_wording: match outcome {
                 Outcome::UnknownWording(said) => Some(recover::UnknownWording {
-                    record: cut(&path.display().to_string()),
+                    record: cut(&path.to_string()),
                     workdir: cut(&rec.workdir),
                     said: said.clone(),
                 }),

@@ -432,7 +432,7 @@ mod tests {
         assert_eq!(r.refusal(r1), None);
         let landed = Completion::Created {
             run: r1,
-            result: Ok(PathBuf::from("/state/records/x.json")),
+            result: Ok("/state/records/x.json".into()),
         };
         assert_eq!(r.feed(landed, t0), vec![RecordEvent::Settled(r1)]);
         assert!(r.keeps(r1));
@@ -473,7 +473,7 @@ mod tests {
         r.feed(
             Completion::Created {
                 run: r1,
-                result: Ok(PathBuf::from("x")),
+                result: Ok("x".into()),
             },
             t0,
         );

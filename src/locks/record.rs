@@ -3,12 +3,13 @@
 
 use std::borrow::Cow;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use super::names::{valid_owner, valid_run_id, valid_workspace};
+use super::record_id::RecordId;
 
 /// Format version of records written by this tfinit. A file with a newer version is left alone.
 /// Version 2 came with liveness by observation (heartbeats with sequence numbers, one per
@@ -317,17 +318,17 @@ pub use crate::protocol::FileId;
 #[derive(Debug)]
 pub enum Found {
     /// Parsed.
-    Record(PathBuf, Box<Record>),
+    Record(RecordId, Box<Record>),
     /// A regular file of at most [`MAX_FILE`] bytes that is no record of a version we know: no
     /// live tfinit leaves one (its writes are atomic, fitted and checked to read back), so it is
     /// set aside (`set_aside_corrupt`). The text says why it is not a record.
-    Corrupt(PathBuf, String),
+    Corrupt(RecordId, String),
     /// A newer format: left alone.
-    Future(PathBuf, u32),
+    Future(RecordId, u32),
     /// Not readable by this uid (another uid's record): left alone.
-    Unreadable(PathBuf, String),
+    Unreadable(RecordId, String),
     /// Not read, and left where it is: it may be a live owner's, or moving it could hurt.
-    LeftAlone(PathBuf, Unread),
+    LeftAlone(RecordId, Unread),
 }
 
 /// Why a file in `records/` was left alone unread.

@@ -28,7 +28,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use super::liveness::{fresh_enough, Facts};
 use super::names::RunId;
 use super::record::{now_ms, Ended, FileId, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
-use super::store::Store;
+use super::store::{RecordId, Store};
 use super::who::{passwd_user, who_for};
 
 /// How long the heartbeat of an owner without records is kept after it went silent.
@@ -116,7 +116,7 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Its id in the store.
-    pub path: PathBuf,
+    pub path: RecordId,
     /// Where its run worked.
     pub workdir: PathBuf,
     /// The `Who` of its run's lock.
@@ -188,7 +188,7 @@ pub enum Completion {
         /// The run.
         run: RunId,
         /// Whether the record is on the volume (with its id).
-        result: Result<PathBuf, WriteError>,
+        result: Result<RecordId, WriteError>,
     },
     /// A progress rewrite finished (or was not needed: no record).
     Written {
@@ -513,7 +513,7 @@ struct Worker {
     passwd_user: Option<String>,
     host: String,
     /// Records on the volume, by run, with their last content.
-    written: HashMap<RunId, (PathBuf, Record)>,
+    written: HashMap<RunId, (RecordId, Record)>,
     /// When the last heartbeat write that succeeded started.
     last_heartbeat: Option<Instant>,
     /// The sequence number of the last heartbeat written (or tried).
@@ -536,7 +536,7 @@ enum Unclosed {
         /// The run.
         run: RunId,
         /// The record.
-        path: PathBuf,
+        path: RecordId,
     },
     /// The record is to be rewritten as ended (this content).
     End {
@@ -928,7 +928,7 @@ pub(crate) mod tests {
     /// What the test store holds and did.
     #[derive(Default)]
     pub(crate) struct Inner {
-        pub records: BTreeMap<PathBuf, Record>,
+        pub records: BTreeMap<RecordId, Record>,
         pub heartbeats: HashMap<String, Heartbeat>,
         /// Every storage call, in order: `create r1`, `progress r1 [a]`, `end r1`, `remove r1`,
         /// `heartbeat`, `list`.
@@ -1011,32 +1011,36 @@ pub(crate) mod tests {
                     .collect()
             })
         }
-        fn read(&self, id: &Path) -> io::Result<Record> {
+        fn read(&self, id: &RecordId) -> io::Result<Record> {
             self.with(|i| i.records.get(id).cloned())
                 .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
         }
-        fn write(&self, record: &Record) -> io::Result<PathBuf> {
+        fn write(&self, record: &Record) -> io::Result<RecordId> {
             let what = match (
                 &record.ended,
-                self.with(|i| i.records.keys().any(|p| p.ends_with(&record.run_id))),
+                self.with(|i| {
+                    i.records
+                        .keys()
+                        .any(|p| p.as_file().is_some_and(|p| p.ends_with(&record.run_id)))
+                }),
             ) {
                 (Some(_), _) => format!("end {}", record.run_id),
                 (None, true) => format!("progress {} {:?}", record.run_id, record.in_progress),
                 (None, false) => format!("create {}", record.run_id),
             };
             self.logged_write(what)?;
-            let path = PathBuf::from(&record.run_id);
+            let path = RecordId::file(&record.run_id);
             self.with(|i| i.records.insert(path.clone(), record.clone()));
             Ok(path)
         }
-        fn remove(&self, id: &Path) -> io::Result<()> {
-            self.logged_write(format!("remove {}", id.display()))?;
+        fn remove(&self, id: &RecordId) -> io::Result<()> {
+            self.logged_write(format!("remove {id}"))?;
             self.with(|i| i.records.remove(id));
             Ok(())
         }
-        fn set_aside(&self, id: &Path, _why: &Aside) -> io::Result<PathBuf> {
+        fn set_aside(&self, id: &RecordId, _why: &Aside) -> io::Result<RecordId> {
             self.with(|i| i.records.remove(id));
-            Ok(id.with_extension("aside"))
+            Ok(RecordId::file(format!("{id}.aside")))
         }
         fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
             self.with(|i| i.heartbeats.get(&owner.key()).cloned())
@@ -1290,11 +1294,11 @@ pub(crate) mod tests {
             Some("progress r1 [\"p20\"]")
         );
         assert_eq!(
-            store.with(|i| i.records[Path::new("r1")].in_progress.clone()),
+            store.with(|i| i.records[&RecordId::file("r1")].in_progress.clone()),
             vec!["p20"]
         );
         // The record's Who was computed by the recorder (passwd entry, or $USER with $HOME).
-        let who = store.with(|i| i.records[Path::new("r1")].who.clone());
+        let who = store.with(|i| i.records[&RecordId::file("r1")].who.clone());
         assert!(
             who.ends_with(&format!("@{}", crate::sys::hostname())),
             "{who}"
@@ -1375,7 +1379,7 @@ pub(crate) mod tests {
             matches!(c, Completion::Ended { result: Ok(()), .. })
         });
         assert_eq!(writes(&store), ["create r1", "end r1"]);
-        let rec = store.with(|i| i.records[Path::new("r1")].clone());
+        let rec = store.with(|i| i.records[&RecordId::file("r1")].clone());
         assert_eq!(rec.ended, Some(ended()));
         assert_eq!(rec.in_progress, ["a", "b"]);
     }
@@ -1476,8 +1480,11 @@ pub(crate) mod tests {
             "{seen:?}"
         );
         let left = store.with(|i| i.records.clone());
-        assert_eq!(left.keys().collect::<Vec<_>>(), [Path::new("r2")]);
-        assert!(left[Path::new("r2")].ended.is_some(), "r2 is marked ended");
+        assert_eq!(left.keys().collect::<Vec<_>>(), [&RecordId::file("r2")]);
+        assert!(
+            left[&RecordId::file("r2")].ended.is_some(),
+            "r2 is marked ended"
+        );
         // Closed once: a later heartbeat writes nothing more.
         let before = writes(&store).len();
         r.send(Request::Heartbeat).unwrap();
@@ -1513,7 +1520,7 @@ pub(crate) mod tests {
         let mut old = *record("old");
         old.owner.name = "pod-b".into();
         old.workdir = "/tf/y".into();
-        store.with(|i| i.records.insert(PathBuf::from("old"), old.clone()));
+        store.with(|i| i.records.insert(RecordId::file("old"), old.clone()));
         let r = Recorder::start(Box::new(store.clone()), me(), Duration::from_secs(30)).unwrap();
         let seen = collect_until(&r, "Opened", |c| matches!(c, Completion::Opened { .. }));
         let Some(Completion::Opened {

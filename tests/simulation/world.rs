@@ -10,7 +10,6 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 use tfinit::locks::book::{Book, LiveRun};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
+use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::{Completion, WriteError};
 
 use super::legacy;
@@ -294,8 +294,8 @@ pub struct LockFile {
 pub const VOLUME_DEV: u64 = 1;
 
 /// The path of record `id`.
-pub fn record_path(id: u64) -> std::path::PathBuf {
-    std::path::PathBuf::from(format!("/state/records/{id}.json"))
+pub fn record_path(id: u64) -> RecordId {
+    RecordId::file(format!("/state/records/{id}.json"))
 }
 
 /// The path of working directory `w`.
@@ -1453,7 +1453,7 @@ pub async fn read_heartbeat_by_name(sim: &Sim, node: usize, name: &str) -> Optio
 }
 
 /// A create's completion (the old book's carries the error as text).
-pub fn created(new: bool, run: RunId, result: Result<PathBuf, WriteError>) -> Comp {
+pub fn created(new: bool, run: RunId, result: Result<RecordId, WriteError>) -> Comp {
     if new {
         Comp::New(Completion::Created { run, result })
     } else {

@@ -96,7 +96,7 @@ fn dead_record(workdir: &str) -> Entry {
         nonce: None,
     };
     Entry {
-        path: PathBuf::from(format!("/state/records/{workdir}.json")),
+        path: PathBuf::from(format!("/state/records/{workdir}.json")).into(),
         workdir: PathBuf::from(workdir),
         who: "@pod-old".into(),
         facts: Facts {
@@ -264,7 +264,7 @@ fn a_locking_run_waits_for_the_store_then_for_its_record_then_starts() {
 
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     let events = rec.feed(landed, t);
     let acts = runs.on_record_events(events, &mut rec, t);
@@ -443,7 +443,7 @@ fn a_killed_locking_run_keeps_its_record_marked_ended_and_its_leftovers_go() {
     ask(&mut runs, 1, &["apply"], &mut rec, t);
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     let events = rec.feed(landed, t);
     assert_eq!(
@@ -487,7 +487,7 @@ fn the_fence_stops_recorded_runs_and_refuses_the_next_one_whose_record_lands() {
     ask(&mut runs, 1, &["apply"], &mut rec, t);
     let landed = |n| Completion::Created {
         run: r(n),
-        result: Ok(PathBuf::from(format!("/state/records/r{n}.json"))),
+        result: Ok(PathBuf::from(format!("/state/records/r{n}.json")).into()),
     };
     let events = rec.feed(landed(1), t);
     runs.on_record_events(events, &mut rec, t);
@@ -731,7 +731,7 @@ fn a_forced_cancel_kills_the_group_at_once_and_the_killed_locking_run_keeps_its_
     ask(&mut runs, 1, &["apply"], &mut rec, t);
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     let events = rec.feed(landed, t);
     runs.on_record_events(events, &mut rec, t);

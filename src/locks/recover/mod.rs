@@ -39,6 +39,7 @@ use super::record::{self, Found, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, Store};
 use super::who::who_host;
 use crate::duration::fmt_duration;
+use crate::locks::record_id::RecordId;
 use crate::mutation::{self, Guard};
 
 mod backend;
@@ -92,7 +93,10 @@ impl Recovery {
     /// Recovers every record whose run is over (in `only` when given). Corrupt records are set
     /// aside with a warning (not in a dry run); files left alone are named in a warning. Returns each record's outcome; an error when the
     /// state directory's recovery lock cannot be taken (a dry run takes none).
-    pub fn run(&self, only: Option<&Path>) -> Result<Vec<(PathBuf, Box<Record>, Outcome)>, String> {
+    pub fn run(
+        &self,
+        only: Option<&Path>,
+    ) -> Result<Vec<(RecordId, Box<Record>, Outcome)>, String> {
         let mut observer =
             Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
         let only = only.map(|d| (d, fs::canonicalize(d).ok()));
@@ -122,7 +126,7 @@ impl Recovery {
             })?)
         };
         let found = self.store.list();
-        let records: Vec<(PathBuf, Record)> = found
+        let records: Vec<(RecordId, Record)> = found
             .iter()
             .filter_map(|f| match f {
                 Found::Record(p, r) => Some((p.clone(), (**r).clone())),
@@ -134,7 +138,7 @@ impl Recovery {
             match f {
                 Found::Corrupt(path, problem) => {
                     if self.dry_run {
-                        tracing::warn!(file = %path.display(), problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
+                        tracing::warn!(file = %path, problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
                     } else {
                         store::set_aside_corrupt(&*self.store, &path, &problem);
                     }
@@ -142,7 +146,7 @@ impl Recovery {
                 Found::Unreadable(path, e) => store::warn_unreadable(&path, &e),
                 Found::LeftAlone(path, why) => store::warn_left_alone(&path, &why),
                 Found::Future(path, v) => tracing::warn!(
-                    file = %path.display(), version = v, this_version = record::FORMAT,
+                    file = %path, version = v, this_version = record::FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
                 ),
                 Found::Record(path, rec) => {
@@ -258,9 +262,9 @@ impl Recovery {
     fn one(
         &self,
         observer: &mut Observer,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
-        all: &[(PathBuf, Record)],
+        all: &[(RecordId, Record)],
     ) -> Outcome {
         let RunState::Over(why_dead) = self.state_now(observer, rec) else {
             return Outcome::OwnerAlive;
@@ -299,7 +303,7 @@ impl Recovery {
                         command: command.clone(),
                     });
                     if let Err(e) = self.store.write(&marked).map(|_| ()) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
+                        tracing::warn!(record = %path, error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
                     }
                 }
                 Outcome::Unlocked(_)
@@ -307,12 +311,12 @@ impl Recovery {
                 | Outcome::Free
                 | Outcome::NothingToRelease(_) => {
                     if let Err(e) = self.store.remove(path) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot remove the record");
+                        tracing::warn!(record = %path, error = %e, "cannot remove the record");
                     }
                 }
                 Outcome::Unsupported(_) => {
                     if let Err(e) = self.store.set_aside(path, &Aside::Manual) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot set the record aside");
+                        tracing::warn!(record = %path, error = %e, "cannot set the record aside");
                     }
                 }
                 _ => {}
@@ -325,9 +329,9 @@ impl Recovery {
         &self,
         observer: &mut Observer,
         backend: &str,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
-        all: &[(PathBuf, Record)],
+        all: &[(RecordId, Record)],
     ) -> Outcome {
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
@@ -371,7 +375,7 @@ impl Recovery {
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
             return Outcome::OwnerAlive;
         }
-        let fresh: Vec<(PathBuf, Record)> = self
+        let fresh: Vec<(RecordId, Record)> = self
             .store
             .list()
             .into_iter()

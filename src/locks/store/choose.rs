@@ -18,7 +18,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use crate::config::StoreSetting;
 use crate::kube::{Client, Config, Deadlines, ROLE_RULE};
 use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
 
-use super::{kube, Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
+use super::{Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
 
 /// The store for `setting`: files in `state_dir`, Leases of the pod's namespace for incarnation
 /// `me` (stating `ttl`), or the choice between them made at the first call. Reads the in-cluster
@@ -191,9 +191,9 @@ impl Store for Chosen {
         })
     }
 
-    fn read(&self, id: &Path) -> io::Result<Record> {
+    fn read(&self, id: &RecordId) -> io::Result<Record> {
         self.with(|t| match t {
-            Target::Kube(k, _) if kube::is_lease(id) => k.read(id),
+            Target::Kube(k, _) if id.as_file().is_none() => k.read(id),
             Target::Kube(_, _) | Target::File(_) => self.file.read(id),
             Target::None(why) => Err(none(why)),
         })
@@ -209,17 +209,17 @@ impl Store for Chosen {
         })
     }
 
-    fn remove(&self, id: &Path) -> io::Result<()> {
+    fn remove(&self, id: &RecordId) -> io::Result<()> {
         self.with(|t| match t {
-            Target::Kube(k, _) if kube::is_lease(id) => k.remove(id),
+            Target::Kube(k, _) if id.as_file().is_none() => k.remove(id),
             Target::Kube(_, _) | Target::File(_) => self.file.remove(id),
             Target::None(why) => Err(none(why)),
         })
     }
 
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf> {
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
         self.with(|t| match t {
-            Target::Kube(k, _) if kube::is_lease(id) => k.set_aside(id, why),
+            Target::Kube(k, _) if id.as_file().is_none() => k.set_aside(id, why),
             Target::Kube(_, _) | Target::File(_) => self.file.set_aside(id, why),
             Target::None(text) => Err(none(text)),
         })

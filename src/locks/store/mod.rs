@@ -21,7 +21,6 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,10 +37,8 @@ pub use choose::{chosen, chosen_with};
 pub use file::FileStore;
 pub use kube::KubeStore;
 
-/// Which record of a store: what [`Store::list`] and [`Store::write`] return and the other
-/// calls take. Callers print it and hand it back; only the store that made it reads it (a file's
-/// path for [`FileStore`]; `lease:NAMESPACE/NAME` for [`KubeStore`], see [`kube::lease_id`]).
-pub type RecordId = PathBuf;
+/// Which record of a store (see [`crate::locks::record_id`]).
+pub use super::record_id::RecordId;
 pub use fsio::{atomic_write, remove};
 pub use kernel::{kernel_proof_with, same_lock_file};
 pub use report::{set_aside_corrupt, warn_left_alone, warn_unreadable};
@@ -94,17 +91,17 @@ pub trait Store: Send {
     fn list(&self) -> Vec<Found>;
 
     /// Reads one record.
-    fn read(&self, id: &Path) -> io::Result<Record>;
+    fn read(&self, id: &RecordId) -> io::Result<Record>;
 
     /// Writes `record` atomically (creating or rewriting it) and returns its id. What is written
     /// is [`Record::fitted`], and only when it reads back, so every record file can be read.
     fn write(&self, record: &Record) -> io::Result<RecordId>;
 
     /// Removes a record; a missing one is fine.
-    fn remove(&self, id: &Path) -> io::Result<()>;
+    fn remove(&self, id: &RecordId) -> io::Result<()>;
 
     /// Sets a record aside so no recovery reads it again; returns its new id.
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<RecordId>;
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId>;
 
     /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
     /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
@@ -173,7 +170,7 @@ pub trait Store: Send {
                 Found::Record(p, r) => out.push((p, *r)),
                 Found::Corrupt(p, problem) => set_aside_corrupt(self, &p, &problem),
                 Found::Future(p, v) => tracing::warn!(
-                    file = %p.display(), version = v, this_version = FORMAT,
+                    file = %p, version = v, this_version = FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
                 ),
                 Found::Unreadable(p, e) => warn_unreadable(&p, &e),

@@ -23,13 +23,11 @@
 
 use std::collections::BTreeMap;
 
-use super::Aside;
+use super::{Aside, RecordId};
 use crate::kube::{label_value, lease_name, Lease, MicroTime};
 use crate::locks::record::{
     parse_record, Found, Heartbeat, Owner, Record, Unread, HEARTBEAT_FORMAT,
 };
-
-use super::id::lease_id;
 
 /// The label every tfinit Lease carries, and its value.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tfinit");
@@ -208,7 +206,7 @@ pub fn heartbeat_of(lease: &Lease) -> Option<Heartbeat> {
 
 /// What a record Lease `lease` of namespace `ns` is to a reader.
 pub fn found_of(ns: &str, lease: &Lease) -> Found {
-    let id = lease_id(ns, &lease.metadata.name);
+    let id = RecordId::lease(ns, &lease.metadata.name);
     let Some(json) = lease.metadata.annotations.get(RECORD) else {
         return Found::Corrupt(id, format!("no {RECORD} annotation"));
     };
@@ -224,7 +222,7 @@ pub fn found_of(ns: &str, lease: &Lease) -> Found {
 /// An item of a list that is no Lease this client reads: left alone (the server validated it as
 /// a Lease, so it is no garbage of tfinit's making), read again by the next listing.
 pub fn unreadable_item(ns: &str, name: Option<&str>, detail: &str) -> Found {
-    let id = lease_id(ns, name.unwrap_or("(no name)"));
+    let id = RecordId::lease(ns, name.unwrap_or("(no name)"));
     Found::LeftAlone(id, Unread::Failed(detail.to_string()))
 }
 
@@ -310,7 +308,7 @@ mod tests {
         match found_of("ns", &l) {
             Found::Record(id, got) => {
                 assert_eq!(*got, r);
-                assert_eq!(id, lease_id("ns", &record_name(&r)));
+                assert_eq!(id, RecordId::lease("ns", &record_name(&r)));
             }
             other => panic!("{other:?}"),
         }

@@ -1,6 +1,7 @@
 //! [`KubeStore`]: records and heartbeats as Leases of the pod's namespace, through the API server
 //! (issue 24), for pods that share no volume. Objects, names and sizes: `layout.rs`; the right to
-//! recover: `recovery.rs`; record ids: `id.rs`.
+//! recover: `recovery.rs`. A record's id is the Lease's namespace and name
+//! ([`RecordId::lease`]).
 //!
 //! Every call blocks for as long as the API server takes, within the client's deadlines and a
 //! retry budget ([`KubeStore::with_budget`]): only the recorder thread and helper processes call
@@ -19,14 +20,12 @@
 //! The kernel's proof (an incarnation's lock file) is the file store's alone: [`KubeStore`] has
 //! none, so its owners are judged by their heartbeats only.
 
-mod id;
 mod io_error;
 mod layout;
 mod recovery;
 
 use std::collections::HashMap;
 use std::io;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +35,6 @@ use io_error::io_error;
 
 use super::{Aside, RecordId, RecoveryLock, Store};
 
-pub use id::{is_lease, lease_id, lease_of};
 pub use io_error::io_error as io_error_of;
 pub use layout::{
     heartbeat_name, record_name, Kind, MAX_ANNOTATIONS, RECORD_LIST_BUDGET, RECOVERY_NAME,
@@ -167,13 +165,12 @@ impl KubeStore {
     }
 
     /// The Lease name of `id`, or the error of an id that names no Lease of this namespace.
-    fn name_of<'a>(&self, id: &'a Path) -> io::Result<&'a str> {
-        lease_of(id, self.namespace()).ok_or_else(|| {
+    fn name_of<'a>(&self, id: &'a RecordId) -> io::Result<&'a str> {
+        id.as_lease_in(self.namespace()).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "{} is not a record of the Leases of namespace {}",
-                    id.display(),
+                    "{id} is not a record of the Leases of namespace {}",
                     self.namespace()
                 ),
             )
@@ -235,16 +232,17 @@ impl Store for KubeStore {
         out
     }
 
-    fn read(&self, id: &Path) -> io::Result<Record> {
+    fn read(&self, id: &RecordId) -> io::Result<Record> {
         let name = self.name_of(id)?;
-        let lease = self.get(name).map_err(io_error)?.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("{} is gone", id.display()))
-        })?;
+        let lease = self
+            .get(name)
+            .map_err(io_error)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{id} is gone")))?;
         match layout::found_of(self.namespace(), &lease) {
             Found::Record(_, r) => Ok(*r),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} is not a lock-owner record", id.display()),
+                format!("{id} is not a lock-owner record"),
             )),
         }
     }
@@ -257,7 +255,7 @@ impl Store for KubeStore {
                 io::ErrorKind::InvalidInput,
                 format!(
                     "lock-owner record {} not written, it would not read back: {problem}",
-                    lease_id(self.namespace(), &name).display()
+                    RecordId::lease(self.namespace(), &name)
                 ),
             )
         })?;
@@ -265,10 +263,10 @@ impl Store for KubeStore {
             layout::record_lease(record, base).expect("it fitted without a base")
         })
         .map_err(io_error)?;
-        Ok(lease_id(self.namespace(), &name))
+        Ok(RecordId::lease(self.namespace(), &name))
     }
 
-    fn remove(&self, id: &Path) -> io::Result<()> {
+    fn remove(&self, id: &RecordId) -> io::Result<()> {
         let name = self.name_of(id)?;
         match self.retried(|| self.client.delete(name, None)) {
             Ok(()) | Err(Error::NotFound { .. }) => {
@@ -283,17 +281,18 @@ impl Store for KubeStore {
     /// `tfinit.dev/aside`) so no list of records finds it again; its id stays. Only the Lease
     /// as read is set aside: one changed since (its owner rewrote it) is a conflict, and is
     /// judged again by the next reader.
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<RecordId> {
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
         let name = self.name_of(id)?;
-        let lease = self.get(name).map_err(io_error)?.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("{} is gone", id.display()))
-        })?;
+        let lease = self
+            .get(name)
+            .map_err(io_error)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{id} is gone")))?;
         let aside = layout::aside(&lease, why);
         let l = self
             .retried(|| self.client.update(&aside))
             .map_err(io_error)?;
         self.remember(&l);
-        Ok(id.to_path_buf())
+        Ok(id.clone())
     }
 
     fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use super::liveness::{self, run_state, Facts, Observer, RunState, Seen, Token, Verdict};
 use super::lockinfo::{self, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
-use super::store::{self, Aside, Store};
+use super::store::{self, Aside, RecoveryLock, Store};
 use super::who::who_host;
 use crate::duration::fmt_duration;
 use crate::locks::record_id::RecordId;
@@ -115,7 +115,7 @@ impl Recovery {
             .collect();
         self.watch(&mut observer, &listed);
         // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
-        let _lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
+        let lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
             None
         } else {
             Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
@@ -153,7 +153,7 @@ impl Recovery {
                     if only.is_some_and(|d| !same_dir(d, &rec.workdir)) {
                         continue;
                     }
-                    let outcome = self.one(&mut observer, &path, &rec, &records);
+                    let outcome = self.one(&mut observer, &path, &rec, &records, lock.as_ref());
                     out.push((path, rec, outcome));
                 }
             }
@@ -265,6 +265,7 @@ impl Recovery {
         path: &RecordId,
         rec: &Record,
         all: &[(RecordId, Record)],
+        lock: Option<&RecoveryLock>,
     ) -> Outcome {
         let RunState::Over(why_dead) = self.state_now(observer, rec) else {
             return Outcome::OwnerAlive;
@@ -289,7 +290,7 @@ impl Recovery {
                 Outcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
             }
             Some(b) if !lockinfo::probe_safe(b) => Outcome::Unsupported(b.to_string()),
-            Some(b) => self.probe_and_decide(observer, b, path, rec, all),
+            Some(b) => self.probe_and_decide(observer, b, path, rec, all, lock),
         };
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
@@ -332,6 +333,7 @@ impl Recovery {
         path: &RecordId,
         rec: &Record,
         all: &[(RecordId, Record)],
+        lock: Option<&RecoveryLock>,
     ) -> Outcome {
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
@@ -388,6 +390,13 @@ impl Recovery {
             Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
             Decision::Unlock => {}
+        }
+        // A right to recover that must be renewed (the Kubernetes store's Lease) and was not in
+        // time may be another pod's by now: nothing is released without it.
+        if lock.is_some_and(|l| !l.held()) {
+            return Outcome::Unknown(
+                "the right to recover was not renewed in time (the recovery Lease): nothing released; the next recovery decides again".into(),
+            );
         }
         match run_terraform(
             &self.terraform,

@@ -134,7 +134,7 @@ struct Waiting {
 
 /// Where an exchange is.
 #[derive(Debug)]
-enum Phase {
+enum Exchange {
     /// Reading the request head.
     Reading {
         /// What came so far.
@@ -147,7 +147,7 @@ enum Phase {
         /// How much of it was written.
         sent: usize,
         /// Whether the client may still be sending (its head was cut off at [`MAX_HEAD`]): then
-        /// the answer is followed by [`Phase::Lingering`], not by a close that would reset the
+        /// the answer is followed by [`Exchange::Lingering`], not by a close that would reset the
         /// connection and lose the answer in the client's kernel.
         linger: bool,
     },
@@ -163,7 +163,7 @@ struct Client {
     sock: TcpStream,
     /// When it is closed, done or not.
     deadline: Instant,
-    phase: Phase,
+    phase: Exchange,
 }
 
 /// The server's state, owned by its thread.
@@ -225,9 +225,9 @@ impl Server {
         }
         for c in &self.clients {
             let flags = match c.phase {
-                Phase::Reading { .. } => PollFlags::POLLIN,
-                Phase::Writing { .. } => PollFlags::POLLOUT,
-                Phase::Lingering => PollFlags::POLLIN,
+                Exchange::Reading { .. } => PollFlags::POLLIN,
+                Exchange::Writing { .. } => PollFlags::POLLOUT,
+                Exchange::Lingering => PollFlags::POLLIN,
             };
             fds.push(PollFd::new(c.sock.as_fd(), flags));
         }
@@ -303,7 +303,7 @@ impl Server {
             let mut c = Client {
                 sock,
                 deadline: now + DEADLINE,
-                phase: Phase::Reading {
+                phase: Exchange::Reading {
                     head: Vec::with_capacity(512),
                 },
             };
@@ -329,7 +329,7 @@ impl Server {
         let i = self
             .clients
             .iter()
-            .position(|c| matches!(c.phase, Phase::Reading { .. }))
+            .position(|c| matches!(c.phase, Exchange::Reading { .. }))
             .unwrap_or(0);
         self.clients.remove(i);
         self.metrics.dropped(Listener::Metrics, Dropped::Evicted);
@@ -371,7 +371,7 @@ impl Client {
     fn progress(&mut self, metrics: &Metrics) -> bool {
         loop {
             match &mut self.phase {
-                Phase::Reading { head } => {
+                Exchange::Reading { head } => {
                     let mut buf = [0u8; 1024];
                     match (&self.sock).read(&mut buf) {
                         // The client finished sending: answer what came.
@@ -388,29 +388,31 @@ impl Client {
                     }
                     let linger = head.len() > MAX_HEAD;
                     let out = answer(head, metrics);
-                    self.phase = Phase::Writing {
+                    self.phase = Exchange::Writing {
                         out,
                         sent: 0,
                         linger,
                     };
                 }
-                Phase::Writing { out, sent, linger } => match (&self.sock).write(&out[*sent..]) {
-                    Ok(0) => return true,
-                    Ok(n) => {
-                        *sent += n;
-                        if *sent < out.len() {
-                            continue;
+                Exchange::Writing { out, sent, linger } => {
+                    match (&self.sock).write(&out[*sent..]) {
+                        Ok(0) => return true,
+                        Ok(n) => {
+                            *sent += n;
+                            if *sent < out.len() {
+                                continue;
+                            }
+                            if !*linger || self.sock.shutdown(std::net::Shutdown::Write).is_err() {
+                                return true;
+                            }
+                            self.phase = Exchange::Lingering;
                         }
-                        if !*linger || self.sock.shutdown(std::net::Shutdown::Write).is_err() {
-                            return true;
-                        }
-                        self.phase = Phase::Lingering;
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(_) => return true,
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => return true,
-                },
-                Phase::Lingering => {
+                }
+                Exchange::Lingering => {
                     // A few reads per turn: a client that keeps sending cannot hold the thread.
                     let mut buf = [0u8; 4096];
                     for _ in 0..16 {

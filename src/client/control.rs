@@ -12,7 +12,7 @@ use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::record_id::RecordId;
-use crate::locks::recover::{self, Outcome, Recovery};
+use crate::locks::recover::{self, Recovery, RecoveryOutcome};
 use crate::locks::store;
 use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
 
@@ -348,21 +348,21 @@ fn recover_settings(
 }
 
 /// Whether `tfinit recover` exits 1 for this outcome: a person must look.
-fn needs_attention(outcome: &Outcome) -> bool {
+fn needs_attention(outcome: &RecoveryOutcome) -> bool {
     matches!(
         outcome,
-        Outcome::Unknown(_)
-            | Outcome::UnknownWording(_)
-            | Outcome::UnlockFailed(_)
-            | Outcome::NeedsPerson(..)
-            | Outcome::WaitingForPerson
+        RecoveryOutcome::Unknown(_)
+            | RecoveryOutcome::UnknownWording(_)
+            | RecoveryOutcome::UnlockFailed(_)
+            | RecoveryOutcome::NeedsPerson(..)
+            | RecoveryOutcome::WaitingForPerson
     )
 }
 
 /// One record's line in `tfinit recover`'s output.
-fn report_line(path: &RecordId, rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
+fn report_line(path: &RecordId, rec: &Record, outcome: &RecoveryOutcome, dry_run: bool) -> String {
     let what = outcome_text(rec, outcome, dry_run);
-    let orphans = if rec.in_progress.is_empty() || *outcome == Outcome::OwnerAlive {
+    let orphans = if rec.in_progress.is_empty() || *outcome == RecoveryOutcome::OwnerAlive {
         String::new()
     } else {
         format!(" [orphan candidates: {}]", rec.in_progress.join(", "))
@@ -378,20 +378,20 @@ fn report_line(path: &RecordId, rec: &Record, outcome: &Outcome, dry_run: bool) 
 }
 
 /// What was done with the record (or would be, in a dry run), and why.
-fn outcome_text(rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
+fn outcome_text(rec: &Record, outcome: &RecoveryOutcome, dry_run: bool) -> String {
     match outcome {
-        Outcome::OwnerAlive => "run may still be going (owner alive): left alone".to_string(),
-        Outcome::NothingToRelease(b) => format!(
+        RecoveryOutcome::OwnerAlive => "run may still be going (owner alive): left alone".to_string(),
+        RecoveryOutcome::NothingToRelease(b) => format!(
             "{b} backend: its lock ends with its process; {}",
             removed(dry_run)
         ),
-        Outcome::Unsupported(b) => format!(
+        RecoveryOutcome::Unsupported(b) => format!(
             "{b} backend: automatic recovery not supported, release by hand if terraform reports the lock held by {}; {}",
             rec.who,
             if dry_run { "record would be set aside" } else { "record set aside (*.manual)" }
         ),
-        Outcome::Free => format!("lock free; {}", removed(dry_run)),
-        Outcome::Unlocked(i) => format!(
+        RecoveryOutcome::Free => format!("lock free; {}", removed(dry_run)),
+        RecoveryOutcome::Unlocked(i) => format!(
             "{} lock {} (Who {}, Created {}); {}",
             if dry_run {
                 "would force-unlock"
@@ -403,27 +403,27 @@ fn outcome_text(rec: &Record, outcome: &Outcome, dry_run: bool) -> String {
             i.created,
             removed(dry_run)
         ),
-        Outcome::HeldByOther(i, why) => format!(
+        RecoveryOutcome::HeldByOther(i, why) => format!(
             "lock {} held by {} is not the dead run's ({why}): left alone; {}",
             i.id,
             i.who,
             removed(dry_run)
         ),
-        Outcome::Ambiguous(i, why) => format!(
+        RecoveryOutcome::Ambiguous(i, why) => format!(
             "lock {} held by {} may not be the dead run's ({why}): left alone; record kept",
             i.id, i.who
         ),
-        Outcome::Unknown(m) => format!("could not read the lock: {m}; record kept"),
-        Outcome::UnknownWording(m) => format!(
+        RecoveryOutcome::Unknown(m) => format!("could not read the lock: {m}; record kept"),
+        RecoveryOutcome::UnknownWording(m) => format!(
             "terraform answered the lock probe in a wording this tfinit does not know ({m}): cannot tell whether the lock is free; record kept. Upgrade tfinit, or report the wording with your terraform version"
         ),
-        Outcome::UnlockFailed(m) => format!("force-unlock failed: {m}; record kept"),
-        Outcome::NeedsPerson(i, command) => format!(
+        RecoveryOutcome::UnlockFailed(m) => format!("force-unlock failed: {m}; record kept"),
+        RecoveryOutcome::NeedsPerson(i, command) => format!(
             "NEEDS A PERSON: lock {} (Who {}, Operation {}) is the dead run's, but workspace {} has no state, so terraform cannot release it. Run: {command} ; then `tfinit recover` again. Restore the state or import the workspace's resources before the next apply creates them again; record kept",
             i.id, i.who, i.operation, rec.workspace
         ),
         // Only the init's automatic recovery skips a reported record.
-        Outcome::WaitingForPerson => "needs a person (reported before); record kept".to_string(),
+        RecoveryOutcome::WaitingForPerson => "needs a person (reported before); record kept".to_string(),
     }
 }
 
@@ -483,10 +483,10 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
     let bad = results.iter().any(|(_, _, o)| {
         matches!(
             o,
-            Outcome::Unknown(_)
-                | Outcome::UnknownWording(_)
-                | Outcome::UnlockFailed(_)
-                | Outcome::NeedsPerson(..)
+            RecoveryOutcome::Unknown(_)
+                | RecoveryOutcome::UnknownWording(_)
+                | RecoveryOutcome::UnlockFailed(_)
+                | RecoveryOutcome::NeedsPerson(..)
         )
     });
     if bad {
@@ -500,7 +500,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
 /// helper (`TFINIT_REPORT_FD`), for its metrics. Each line goes in one write(2) of less than
 /// PIPE_BUF bytes, so lines of helpers that run at once never interleave. Best effort: the
 /// metrics are the only loss when it fails.
-fn tell_the_init(results: &[(RecordId, Box<Record>, Outcome)]) {
+fn tell_the_init(results: &[(RecordId, Box<Record>, RecoveryOutcome)]) {
     use std::io::Write;
     let Some(pipe) = std::env::var(recover::REPORT_FD_VAR)
         .ok()
@@ -526,7 +526,7 @@ fn tell_the_init(results: &[(RecordId, Box<Record>, Outcome)]) {
                 .filter(|r| !r.starts_with(crate::locks::record::OMITTED_MARK))
                 .count() as u64,
             unknown_wording: match outcome {
-                Outcome::UnknownWording(said) => Some(recover::UnknownWording {
+                RecoveryOutcome::UnknownWording(said) => Some(recover::UnknownWording {
                     record: cut(&path.to_string()),
                     workdir: cut(&rec.workdir),
                     said: said.clone(),

@@ -1,18 +1,45 @@
-//! What the concerns ask for. Each concern (runs, connections, records, the timeline, reaping)
-//! answers an input with [`Action`]s instead of doing anything itself; the loop carries them out
-//! in one place (`Init::apply`, supervisor.rs) and feeds what came of them back as inputs.
+//! What the concerns ask for. Runs (runs/), the timeline (shutdown.rs) and reaping (reaping.rs)
+//! answer an input with [`Action`]s instead of doing anything themselves. The records
+//! (records.rs) are changed only through [`Action::Record`], and answer with `RecordEvent`s that
+//! the loop hands to the runs; the connections (conns.rs) answer with `After`, which the loop
+//! turns into an action. The loop carries actions out in one place (`Init::apply`,
+//! supervisor.rs), in order, and what comes of one (terraform started or not, a record's answer)
+//! is carried out before the next: a concern that must decide after a change it asked for asks
+//! for that decision as an action too (`Admit`, `Recheck`, `Recover`).
+//!
+//! Some actions are inputs to another concern (`TerraformExited`, `StopRuns`, `Admit`, ...): a
+//! concern never calls another one, it asks the loop to.
 
 use std::time::Duration;
 
 use nix::unistd::Pid;
 
-use super::reaping::Child;
-use super::spawn::RecoveryArgs;
+use super::reaper::Exit;
+use super::records::Record;
 use super::token::ConnId;
+use crate::locks::book::Launch;
 use crate::locks::names::RunId;
-use crate::locks::recorder::Request;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::{self, ExitNote};
+use crate::sys::{SigNo, Target};
+
+/// A child of ours other than the controller: whose it is, for when it is reaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Child {
+    /// terraform of a run.
+    Terraform(RunId),
+    /// The lock-recovery helper of a run.
+    Recovery(RunId),
+}
+
+/// How a run is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::init) enum Force {
+    /// Its one graceful SIGTERM.
+    Graceful,
+    /// SIGKILL to its process group.
+    Kill,
+}
 
 /// Something the loop must do.
 #[derive(Debug)]
@@ -34,13 +61,10 @@ pub(super) enum Action {
     },
     /// Starts terraform for a run waiting in `Life::Launching` (its request is there).
     Spawn(RunId),
-    /// Starts the lock-recovery helper of a run waiting in `Life::Recovering`.
-    Recover {
-        /// The run.
-        run: RunId,
-        /// What the helper is given besides the run's request.
-        args: Box<RecoveryArgs>,
-    },
+    /// Starts the lock-recovery helper of a run waiting in `Life::Recovering`. What the helper is
+    /// given (the live runs, what this pod has seen) is read from the records when it starts,
+    /// after the records' actions asked before it.
+    Recover(RunId),
     /// A new child of ours: whose it is, for when it is reaped.
     Adopt {
         /// Its pid.
@@ -83,8 +107,50 @@ pub(super) enum Action {
     },
     /// SIGKILL to a recovery helper's process group.
     KillHelper(Pid),
-    /// Storage work for the recorder thread.
-    Record(Request),
+    /// A signal to the controller's process group (only while it has members) or to everyone,
+    /// logged as going to `what`.
+    Signal {
+        /// Where.
+        target: Target,
+        /// Which.
+        signo: SigNo,
+        /// Who that is, for the log.
+        what: &'static str,
+    },
+    /// A change to the lock-owner records (the records concern is the only writer of the book).
+    Record(Record),
+    /// Runs: a place under TFINIT_MAX_RUNS may be free (the oldest queued run goes on).
+    Admit,
+    /// Runs: the records changed, so runs that wait for the store look again (then [`Self::Admit`]).
+    Recheck,
+    /// Runs: the init stopped accepting runs, so every run still waiting is refused.
+    RefuseWaiting(Refusal),
+    /// Runs: a shutdown step (logged as that step): every run's one graceful SIGTERM, or the
+    /// SIGKILL of every run's group (or helper).
+    StopRuns(Force),
+    /// Runs: the shim of this run is gone (its connection ended).
+    Detach(RunId),
+    /// Runs: terraform of this run was reaped.
+    TerraformExited(RunId, Exit),
+    /// Records: take in the recorder's news now (what follows is decided on the latest table).
+    TakeNews,
+    /// Runs: this run's lock-recovery helper was reaped.
+    RecoveryExited(RunId, Exit),
+    /// The timeline: the controller was reaped (logged, and the shutdown starts unless it runs).
+    ControllerExited {
+        /// Its pid.
+        pid: Pid,
+        /// How it ended.
+        exit: Exit,
+    },
+    /// The shutdown began (`cause`, for the log): logged with what it will do, unless
+    /// `quiet_when_done` and nothing is left to stop (the init then exits at once).
+    ShutdownBegan {
+        /// Why, for the log.
+        cause: &'static str,
+        /// Whether to say nothing when no run and no member of the controller's group is left.
+        quiet_when_done: bool,
+    },
     /// `tfinit cancel` acted on a run: the metrics count it.
     CountCancel(crate::metrics::Cancel),
     /// A run of `subcommand` is over (`outcome`, after `took`): the metrics count it.
@@ -92,7 +158,7 @@ pub(super) enum Action {
         /// terraform's subcommand.
         subcommand: String,
         /// How it ended.
-        outcome: Outcome,
+        outcome: RunOutcome,
         /// From the shim's request to the end.
         took: Duration,
     },
@@ -118,6 +184,16 @@ pub(super) enum Refusal {
 }
 
 impl Refusal {
+    /// Why a state-locking run must not start now, as the book says it, if it must not.
+    pub(super) fn of_launch(launch: Launch) -> Option<Refusal> {
+        match launch {
+            Launch::Yes => None,
+            Launch::Fenced => Some(Refusal::Fenced),
+            Launch::Shadowed => Some(Refusal::Shadowed),
+            Launch::Unseen => Some(Refusal::Unseen),
+        }
+    }
+
     /// Why, as the refusal says it (after "tfinit: ").
     pub(super) fn as_str(self) -> &'static str {
         match self {

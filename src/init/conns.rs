@@ -16,6 +16,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::socket::{getsockopt, sockopt};
 
+use super::action::Action;
 use super::bounds::{
     ACCEPT_RETRY, HELD_BUDGET, HIGH_WATER, MAX_CONNECTIONS, OUTPUT_BUDGET, OVER_BUDGET_READ,
     REQUEST_DEADLINE, UNFINISHED_BUDGET,
@@ -38,6 +39,18 @@ pub(super) enum After {
     Detached(RunId),
     /// Its queue fell below half the high-water mark: its run's paused pipes are read again.
     CaughtUp(RunId),
+}
+
+impl After {
+    /// What the loop does about it: a detached run is abandoned, a run that caught up is read
+    /// again.
+    pub(super) fn action(self) -> Option<Action> {
+        match self {
+            After::Nothing => None,
+            After::Detached(run) => Some(Action::Detach(run)),
+            After::CaughtUp(run) => Some(Action::Resume(run)),
+        }
+    }
 }
 
 /// What one read of a connection gave.
@@ -610,7 +623,7 @@ impl Conns {
     /// Acts on the clients' timers due at `now`: accepting is tried again after a failure, and a
     /// client whose request has not come whole within [`REQUEST_DEADLINE`] is answered (exit
     /// 125, saying so) and closed, its bytes freed. Such clients have no run: nothing follows.
-    pub(super) fn tick(&mut self, now: Instant, epoll: &Epoll) {
+    pub(super) fn client_timers(&mut self, now: Instant, epoll: &Epoll) {
         if let Some(Accepting::Failed { retry }) = self.listener.as_ref().map(|l| l.accepting) {
             if retry <= now {
                 self.listen(epoll);

@@ -1,8 +1,9 @@
 //! The PID-1 event loop: one thread, one epoll set (signalfd, control socket, connections, run
 //! output pipes, the recorder's eventfd, the recovery helpers' report pipe), timers as the epoll
-//! timeout. It only waits and dispatches each event to its handler (supervisor.rs), which hands it to the concern it
-//! concerns and carries out what comes back. Nothing here panics or exits on a runtime error:
-//! failures are logged and the loop carries on, because if PID 1 dies the container dies.
+//! timeout. It only waits and dispatches each event to its handler (supervisor.rs and the files
+//! beside it), which hands it to the concern it concerns and carries out what comes back. Nothing
+//! here panics or exits on a runtime error: failures are logged and the loop carries on, because
+//! if PID 1 dies the container dies.
 
 use std::time::{Duration, Instant};
 

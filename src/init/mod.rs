@@ -1,12 +1,15 @@
 //! The init: set-up, the controller, and the event loop that supervises it and terraform runs.
-
 //!
 //! Where the code is: event_loop.rs waits and dispatches; supervisor.rs holds the concerns and
-//! carries out the actions they return (action.rs). The concerns, each owning its state: runs/
-//! (terraform runs), conns.rs and session.rs (the control socket's clients, held to bounds.rs), records.rs (lock-owner
-//! records), reports.rs (what recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around them: setup.rs
-//! (before the loop), spawn.rs (starting processes), reaper.rs (waitpid), forward.rs (where
-//! signals go), status.rs (the status document), token.rs (epoll tokens), plain.rs (the fallback).
+//! carries out the actions they return (action.rs), one at a time from a queue; beside it
+//! supervisor/relay.rs (terraform's output), supervisor/control.rs (the clients' requests) and
+//! supervisor/signalling.rs (the signals actions send). The concerns, each owning its state:
+//! runs/ (terraform runs), conns.rs and session.rs (the control socket's clients, held to
+//! bounds.rs), records.rs (lock-owner records: the only writer of the book), reports.rs (what
+//! recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around
+//! them: setup.rs (before the loop), spawn.rs (starting processes), reaper.rs (waitpid),
+//! forward.rs (where signals go), status.rs (the status document), token.rs (epoll tokens),
+//! plain.rs (the fallback).
 
 mod action;
 mod bounds;

@@ -1,22 +1,15 @@
-//! Whose each child is. Every exit reaper.rs collects is handed to whom it concerns: the
-//! controller, a terraform run, a recovery helper, or nobody (an adopted orphan). Pure: the loop
-//! feeds it the reaped pids.
+//! Whose each child is. Every exit reaper.rs collects is answered with the actions of whom it
+//! concerns: the controller (the shutdown, and a SIGTERM to what it left in its group), a
+//! terraform run, a recovery helper, or nobody (an adopted orphan). Pure: the loop feeds it the
+//! reaped pids.
 
 use std::collections::HashMap;
 
 use nix::unistd::Pid;
 
+use super::action::{Action, Child};
 use super::reaper::Exit;
-use crate::locks::names::RunId;
-
-/// A child of ours other than the controller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Child {
-    /// terraform of a run.
-    Terraform(RunId),
-    /// The lock-recovery helper of a run.
-    Recovery(RunId),
-}
+use crate::sys::Target;
 
 /// The controller, where it is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,25 +19,6 @@ enum Controller {
     Running { group_stopped: bool },
     /// It exited.
     Exited(Exit),
-}
-
-/// What a reaped pid was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reaped {
-    /// The controller exited. `stop_leftovers`: its process group got no stop signal while it
-    /// ran, so what it left there gets its SIGTERM now.
-    Controller {
-        /// How it ended.
-        exit: Exit,
-        /// Whether its leftovers get a SIGTERM.
-        stop_leftovers: bool,
-    },
-    /// terraform of a run.
-    Terraform(RunId, Exit),
-    /// A run's lock-recovery helper.
-    Recovery(RunId, Exit),
-    /// An adopted orphan.
-    Orphan,
 }
 
 /// The controller and the init's other children.
@@ -93,8 +67,11 @@ impl Children {
         self.others.insert(pid, child);
     }
 
-    /// `pid` was reaped with `exit`: whose it was.
-    pub(super) fn reaped(&mut self, pid: Pid, exit: Exit) -> Reaped {
+    /// `pid` was reaped with `exit`: what follows for whom it was. The controller's exit begins
+    /// the shutdown (unless it runs), and what the controller left in its group gets one SIGTERM
+    /// unless the group got a stop signal while it ran (also when the shutdown was already
+    /// running on a signal that may not have reached the group: TFINIT_FORWARD=child).
+    pub(super) fn reaped(&mut self, pid: Pid, exit: Exit) -> Vec<Action> {
         if pid == self.main {
             let stop_leftovers = matches!(
                 self.controller,
@@ -103,15 +80,24 @@ impl Children {
                 }
             );
             self.controller = Controller::Exited(exit);
-            return Reaped::Controller {
-                exit,
-                stop_leftovers,
-            };
+            let mut acts = vec![Action::ControllerExited { pid, exit }];
+            if stop_leftovers {
+                acts.push(Action::Signal {
+                    target: Target::Group(pid),
+                    signo: libc::SIGTERM,
+                    what: "controller's leftover processes",
+                });
+            }
+            return acts;
         }
         match self.others.remove(&pid) {
-            Some(Child::Terraform(run)) => Reaped::Terraform(run, exit),
-            Some(Child::Recovery(run)) => Reaped::Recovery(run, exit),
-            None => Reaped::Orphan,
+            Some(Child::Terraform(run)) => vec![Action::TerraformExited(run, exit)],
+            // The latest table first: the run's lock check may come next.
+            Some(Child::Recovery(run)) => vec![Action::TakeNews, Action::RecoveryExited(run, exit)],
+            None => {
+                tracing::debug!(pid = pid.as_raw(), %exit, "reaped");
+                Vec::new()
+            }
         }
     }
 }
@@ -119,6 +105,19 @@ impl Children {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::locks::names::RunId;
+
+    /// A short name of each action.
+    fn names(acts: &[Action]) -> Vec<String> {
+        acts.iter()
+            .map(|a| match a {
+                Action::Signal { target, signo, .. } => {
+                    format!("{} to {target}", crate::signals::name(*signo))
+                }
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
 
     #[test]
     fn each_reaped_pid_goes_to_whom_it_concerns_once() {
@@ -126,19 +125,18 @@ mod tests {
         c.adopt(Pid::from_raw(20), Child::Terraform(RunId::from(1)));
         c.adopt(Pid::from_raw(21), Child::Recovery(RunId::from(2)));
         assert_eq!(
-            c.reaped(Pid::from_raw(20), Exit::Code(0)),
-            Reaped::Terraform(RunId::from(1), Exit::Code(0))
+            names(&c.reaped(Pid::from_raw(20), Exit::Code(0))),
+            ["TerraformExited(RunId(1), Code(0))"]
         );
-        assert_eq!(
-            c.reaped(Pid::from_raw(20), Exit::Code(0)),
-            Reaped::Orphan,
+        assert!(
+            c.reaped(Pid::from_raw(20), Exit::Code(0)).is_empty(),
             "a pid is whose it was until it is reaped, not after"
         );
         assert_eq!(
-            c.reaped(Pid::from_raw(21), Exit::Signal(9)),
-            Reaped::Recovery(RunId::from(2), Exit::Signal(9))
+            names(&c.reaped(Pid::from_raw(21), Exit::Signal(9))),
+            ["TakeNews", "RecoveryExited(RunId(2), Signal(9))"]
         );
-        assert_eq!(c.reaped(Pid::from_raw(99), Exit::Code(1)), Reaped::Orphan);
+        assert!(c.reaped(Pid::from_raw(99), Exit::Code(1)).is_empty());
         assert_eq!(c.main_exit(), None);
     }
 
@@ -146,22 +144,19 @@ mod tests {
     fn the_controllers_leftovers_get_a_sigterm_only_when_its_group_got_none() {
         let mut c = Children::new(Pid::from_raw(10));
         assert_eq!(
-            c.reaped(Pid::from_raw(10), Exit::Code(3)),
-            Reaped::Controller {
-                exit: Exit::Code(3),
-                stop_leftovers: true
-            }
+            names(&c.reaped(Pid::from_raw(10), Exit::Code(3))),
+            [
+                "ControllerExited { pid: Pid(10), exit: Code(3) }",
+                "SIGTERM to process group 10"
+            ]
         );
         assert_eq!(c.main_exit(), Some(Exit::Code(3)));
 
         let mut c = Children::new(Pid::from_raw(10));
         c.group_stopped();
         assert_eq!(
-            c.reaped(Pid::from_raw(10), Exit::Signal(15)),
-            Reaped::Controller {
-                exit: Exit::Signal(15),
-                stop_leftovers: false
-            }
+            names(&c.reaped(Pid::from_raw(10), Exit::Signal(15))),
+            ["ControllerExited { pid: Pid(10), exit: Signal(15) }"]
         );
     }
 }

@@ -1,22 +1,21 @@
 //! Lock-owner records, as the loop sees them: the book (what the loop knows about the store and
 //! each state-locking run's record, in memory) and the handle on the recorder thread (which does
-//! every storage call beside the loop). Runs ask it what to do before terraform starts (is the
-//! store open, does the directory need a recovery, is there a record to write); it takes the
-//! recorder's completions and its timers, and tells the runs which of them may start and which the
-//! fence stops ([`RecordEvent`]).
+//! every storage call beside the loop). This concern is the only writer of the book: the runs
+//! read it through [`Records::book`] (read-only) and ask for changes with [`Record`] actions,
+//! which the loop hands to [`Records::apply`]. It takes the recorder's completions and its timers,
+//! and tells the runs which of them may start and which the fence stops ([`RecordEvent`]).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::action::Refusal;
 use super::spawn::RecoveryArgs;
 use crate::config::InitConfig;
-use crate::locks::book::{Book, Event, Launch, NewRun, RecordStatus, Start, View};
+use crate::locks::book::{Book, Event, NewRun, Start};
 use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
-use crate::locks::record::{self, Ended, Owner, Record};
+use crate::locks::record::{self, Ended, Owner};
 use crate::locks::recorder::{Completion, Recorder, Request};
 use crate::locks::store;
 
@@ -25,11 +24,52 @@ use crate::locks::store;
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 const _: () = assert!(EXIT_WAIT.as_nanos() <= crate::config::MIN_KILL_MARGIN.as_nanos());
 
+/// What the runs ask of the records: each changes the book, and most send storage work.
+#[derive(Debug)]
+pub(super) enum Record {
+    /// A state-locking run is registered and its record's create sent; or, when the store cannot
+    /// take one now, the answer is [`RecordEvent::Unrecorded`] (after the notice, if any). It
+    /// waits until `deadline`, or TFINIT_RECORD_TIMEOUT from now.
+    Begin {
+        /// The run, as its record shows it.
+        subject: Box<Subject>,
+        /// The end of the run's first wait for the store, when it had one.
+        deadline: Option<Instant>,
+    },
+    /// A run's resources in progress changed: its record is updated, when it has one.
+    Progress {
+        /// The run.
+        run: RunId,
+        /// What is in progress now.
+        in_progress: Vec<String>,
+    },
+    /// A run is over: its record, when it has one, is marked ended (`ended`: it may have left
+    /// its lock) or removed.
+    Close {
+        /// The run.
+        run: RunId,
+        /// How it ended, when that may have left its lock.
+        ended: Option<Ended>,
+        /// The operations it left unfinished.
+        in_progress: Vec<String>,
+    },
+    /// A lock recovery in `workdir` finished: the recorder rescans (the table counts there again
+    /// once scanned after it).
+    RecoveryDone {
+        /// Where it ran.
+        workdir: PathBuf,
+    },
+}
+
 /// What the records mean for the runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum RecordEvent {
     /// The run waiting in `recording` may start (its record landed, failed, or timed out).
     Settled(RunId),
+    /// The answer to the run's own [`Record::Begin`]: no record is written for it (the store
+    /// failed, does not answer, or the heartbeat is stale), so it goes on at once. No news of the
+    /// store: runs that wait for it have nothing new to look at.
+    Unrecorded(RunId),
     /// This owner's heartbeat has not landed for long: its state-locking runs get their graceful
     /// SIGTERM, or (`kill`) SIGKILL.
     Fence {
@@ -40,23 +80,30 @@ pub(super) enum RecordEvent {
     },
 }
 
+impl RecordEvent {
+    /// Whether this is news of the store (what may let runs that wait for it go on).
+    pub(super) fn is_news(&self) -> bool {
+        !matches!(self, RecordEvent::Unrecorded(_))
+    }
+}
+
 /// A state-locking run, as its record shows it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Subject<'a> {
+#[derive(Debug, Clone)]
+pub(super) struct Subject {
     /// The run.
     pub(super) run: RunId,
     /// The shim's working directory.
-    pub(super) cwd: &'a Path,
+    pub(super) cwd: PathBuf,
     /// Where terraform works.
-    pub(super) workdir: &'a Path,
+    pub(super) workdir: PathBuf,
     /// The workspace whose state it locks.
-    pub(super) workspace: &'a str,
+    pub(super) workspace: String,
     /// The terraform subcommand.
-    pub(super) subcommand: &'a str,
+    pub(super) subcommand: String,
     /// argv, redacted.
-    pub(super) argv: &'a [String],
+    pub(super) argv: Vec<String>,
     /// Its environment ($USER and $HOME make the lock's Who without a passwd entry).
-    pub(super) env: &'a [String],
+    pub(super) env: Vec<String>,
 }
 
 /// The book, and the recorder that writes what it asks for.
@@ -72,6 +119,9 @@ pub(super) struct Records {
     ttl: Duration,
     /// TFINIT_OLDER_OWNER_TTL.
     older_ttl: Duration,
+    /// What was sent to the recorder, for the tests (they have no recorder thread).
+    #[cfg(test)]
+    sent: Vec<Request>,
 }
 
 impl Records {
@@ -99,6 +149,8 @@ impl Records {
             state_dir: cfg.state_dir.clone(),
             ttl: cfg.owner_ttl,
             older_ttl: cfg.older_owner_ttl,
+            #[cfg(test)]
+            sent: Vec::new(),
         };
         match started {
             Ok(r) => records.recorder = Some(r),
@@ -137,20 +189,51 @@ impl Records {
         out
     }
 
-    /// The book's timers: records that did not land in time, the fence, a stale heartbeat.
-    pub(super) fn tick(&mut self, now: Instant) -> Vec<RecordEvent> {
+    /// The book's timers (due at `self.book().next_wakeup()`): records that did not land in
+    /// time, the fence, a stale heartbeat.
+    pub(super) fn record_timers(&mut self, now: Instant) -> Vec<RecordEvent> {
         let events = self.book.tick(now);
         self.handle(events, now)
     }
 
-    /// When [`Self::tick`] has work next.
-    pub(super) fn next_wakeup(&self) -> Option<Instant> {
-        self.book.next_wakeup()
+    /// What the loop and the runs may read of the records: the book, read-only.
+    pub(super) fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// Carries out what a run asked of the records at `now`; what it means for the runs comes
+    /// back (a run that goes without a record, or news of a recorder found gone).
+    pub(super) fn apply(&mut self, r: Record, now: Instant) -> Vec<RecordEvent> {
+        let request = match r {
+            Record::Begin { subject, deadline } => {
+                let run = subject.run;
+                match self.create(*subject, now, deadline) {
+                    Some(create) => create,
+                    None => return vec![RecordEvent::Unrecorded(run)],
+                }
+            }
+            Record::Progress { run, in_progress } => match self.book.progress(run, in_progress) {
+                Some(update) => update,
+                None => return Vec::new(),
+            },
+            Record::Close {
+                run,
+                ended,
+                in_progress,
+            } => match self.book.exited(run, ended, in_progress) {
+                Some(close) => close,
+                None => return Vec::new(),
+            },
+            Record::RecoveryDone { workdir } => self.book.recovery_done(&workdir, now),
+        };
+        self.send(request)
     }
 
     /// Queues storage work; never blocks. A recorder that is gone (its thread died) makes the
     /// store unusable: runs go on without records.
-    pub(super) fn send(&mut self, request: Request) -> Vec<RecordEvent> {
+    fn send(&mut self, request: Request) -> Vec<RecordEvent> {
+        #[cfg(test)]
+        self.sent.push(request.clone());
         let Some(recorder) = &self.recorder else {
             return Vec::new();
         };
@@ -193,32 +276,9 @@ impl Records {
         }
     }
 
-    /// The records part of `tfinit status`.
-    pub(super) fn view(&self, now: Instant) -> View {
-        self.book.view(now)
-    }
-
-    /// Whether the recorder is still opening the store (whether a dead run's record is in a
-    /// directory is not known yet).
-    pub(super) fn opening(&self) -> bool {
-        self.book.opening()
-    }
-
-    /// Whether a state-locking run in `workdir` must wait for a lock recovery first (answered
-    /// from memory, the recorder's last scan: no storage call).
-    pub(super) fn needs_recovery(&self, workdir: &Path, now: Instant) -> bool {
-        self.book.needs_recovery(workdir, now)
-    }
-
-    /// Whether a recovery in `workdir` may start now: this init's own end-markings there are on
-    /// the volume.
-    pub(super) fn may_recover(&self, workdir: &Path) -> bool {
-        self.book.may_recover(workdir)
-    }
-
     /// What a recovery helper for `workdir` is given, and whether it would only watch owners
     /// this pod has not watched for a TTL yet (none known dead).
-    pub(super) fn recovery(&self, workdir: &Path, now: Instant) -> (RecoveryArgs, bool) {
+    pub(super) fn recovery_args(&self, workdir: &Path, now: Instant) -> (RecoveryArgs, bool) {
         let args = RecoveryArgs {
             state_dir: self.state_dir.clone(),
             workdir: workdir.to_path_buf(),
@@ -231,29 +291,18 @@ impl Records {
         (args, self.book.only_watching(workdir, now))
     }
 
-    /// A lock recovery in `workdir` finished: the rescan to send (the table counts there again
-    /// once scanned after it).
-    pub(super) fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Request {
-        self.book.recovery_done(workdir, now)
-    }
-
     /// Registers a state-locking run and decides whether it waits for its record (until
     /// `deadline`, or TFINIT_RECORD_TIMEOUT from `now`): the create to send, or None when
     /// terraform starts at once without a record (after the notice, when there is one).
-    pub(super) fn begin(
-        &mut self,
-        s: Subject<'_>,
-        now: Instant,
-        deadline: Option<Instant>,
-    ) -> Option<Request> {
+    fn create(&mut self, s: Subject, now: Instant, deadline: Option<Instant>) -> Option<Request> {
         let now_ms = record::now_ms();
         let new = NewRun {
             run: s.run,
-            workdir: s.workdir,
-            workspace: s.workspace,
-            subcommand: s.subcommand,
-            argv: s.argv,
-            env: s.env,
+            workdir: &s.workdir,
+            workspace: &s.workspace,
+            subcommand: &s.subcommand,
+            argv: &s.argv,
+            env: &s.env,
             started_ms: now_ms,
         };
         let start = self.book.begin(&new, now, deadline);
@@ -263,7 +312,9 @@ impl Records {
             }
             return None;
         }
-        let rec = Record {
+        let data_dir = crate::protocol::env_value(&s.env, "TF_DATA_DIR")
+            .map(|d| s.workdir.join(d).to_string_lossy().into_owned());
+        let rec = record::Record {
             v: record::FORMAT,
             owner: self.book.owner().clone(),
             // The recorder computes it (it needs the passwd entry).
@@ -271,61 +322,22 @@ impl Records {
             run_id: s.run.to_string(),
             cwd: s.cwd.to_string_lossy().into_owned(),
             workdir: s.workdir.to_string_lossy().into_owned(),
-            workspace: s.workspace.to_string(),
-            subcommand: s.subcommand.to_string(),
-            argv: s.argv.to_vec(),
+            workspace: s.workspace,
+            subcommand: s.subcommand,
+            argv: s.argv,
             started_ms: now_ms,
             in_progress: Vec::new(),
             updated_ms: now_ms,
             ended: None,
             needs_person: None,
             ttl_ms: Some(self.ttl.as_millis() as u64),
-            data_dir: crate::protocol::env_value(s.env, "TF_DATA_DIR")
-                .map(|d| s.workdir.join(d).to_string_lossy().into_owned()),
+            data_dir,
         };
         Some(Request::Create {
             run: s.run,
             record: Box::new(rec),
-            env: s.env.to_vec(),
+            env: s.env,
         })
-    }
-
-    /// Why state-locking `run` must not start now, if it must not: this owner's heartbeat does
-    /// not land (the fence would stop it at once: its lock would carry the Who of an owner other
-    /// pods may soon take for dead), recorded or not; or the volume cannot be written and holds
-    /// a record with this pod's Who in its directory (another pod's recovery of it could release
-    /// this run's lock).
-    pub(super) fn refusal(&self, run: RunId) -> Option<Refusal> {
-        match self.book.may_launch(run) {
-            Launch::Yes => None,
-            Launch::Fenced => Some(Refusal::Fenced),
-            Launch::Shadowed => Some(Refusal::Shadowed),
-            Launch::Unseen => Some(Refusal::Unseen),
-        }
-    }
-
-    /// Whether `run`'s record is one to keep when terraform may have left its lock: it was, or
-    /// may yet be, written.
-    pub(super) fn keeps(&self, run: RunId) -> bool {
-        self.book
-            .record(run)
-            .is_some_and(|r| !matches!(r, RecordStatus::Unrecorded | RecordStatus::Failed))
-    }
-
-    /// The update of `run`'s record for its new set of resources in progress, when it has one.
-    pub(super) fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Request> {
-        self.book.progress(run, in_progress)
-    }
-
-    /// `run` is over (`ended`: in a way that may have left its lock): the end-marking or the
-    /// removal of its record, when there is one.
-    pub(super) fn exited(
-        &mut self,
-        run: RunId,
-        ended: Option<Ended>,
-        in_progress: Vec<String>,
-    ) -> Option<Request> {
-        self.book.exited(run, ended, in_progress)
     }
 
     fn complete(&mut self, c: Completion, now: Instant) -> Vec<RecordEvent> {
@@ -364,6 +376,7 @@ impl Records {
             state_dir: PathBuf::from("/state"),
             ttl: Duration::from_secs(30),
             older_ttl: crate::locks::liveness::LONGEST_TTL,
+            sent: Vec::new(),
         }
     }
 
@@ -371,11 +384,17 @@ impl Records {
     pub(super) fn feed(&mut self, c: Completion, now: Instant) -> Vec<RecordEvent> {
         self.complete(c, now)
     }
+
+    /// What was sent to the recorder since the last call.
+    pub(super) fn take_sent(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.sent)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::locks::book::{Launch, RecordStatus};
     use crate::locks::recorder::{Table, WriteError};
 
     fn opened_book(now: Instant) -> Records {
@@ -408,16 +427,36 @@ mod tests {
         r
     }
 
-    fn subject(run: RunId) -> Subject<'static> {
-        Subject {
+    fn subject(run: RunId) -> Box<Subject> {
+        Box::new(Subject {
             run,
-            cwd: Path::new("/tf/x"),
-            workdir: Path::new("/tf/x"),
-            workspace: "default",
-            subcommand: "apply",
-            argv: &[],
-            env: &[],
-        }
+            cwd: PathBuf::from("/tf/x"),
+            workdir: PathBuf::from("/tf/x"),
+            workspace: "default".into(),
+            subcommand: "apply".into(),
+            argv: vec![],
+            env: vec![],
+        })
+    }
+
+    fn begin(r: &mut Records, run: RunId, t: Instant) -> Vec<RecordEvent> {
+        let subject = subject(run);
+        r.apply(
+            Record::Begin {
+                subject,
+                deadline: None,
+            },
+            t,
+        )
+    }
+
+    fn close(r: &mut Records, run: RunId, t: Instant) -> Vec<RecordEvent> {
+        let close = Record::Close {
+            run,
+            ended: None,
+            in_progress: vec![],
+        };
+        r.apply(close, t)
     }
 
     #[test]
@@ -425,18 +464,20 @@ mod tests {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
         let r1 = RunId::from(1);
-        let Some(Request::Create { run, record, .. }) = r.begin(subject(r1), t0, None) else {
+        assert_eq!(begin(&mut r, r1, t0), vec![]);
+        let [Request::Create { run, record, .. }] = &r.take_sent()[..] else {
             panic!("a create");
         };
-        assert_eq!((run, record.run_id.as_str()), (r1, "r1"));
-        assert_eq!(r.refusal(r1), None);
+        assert_eq!((*run, record.run_id.as_str()), (r1, "r1"));
+        assert_eq!(r.book().may_launch(r1), Launch::Yes);
         let landed = Completion::Created {
             run: r1,
             result: Ok("/state/records/x.json".into()),
         };
         assert_eq!(r.feed(landed, t0), vec![RecordEvent::Settled(r1)]);
-        assert!(r.keeps(r1));
-        assert!(matches!(r.exited(r1, None, vec![]), Some(Request::Remove { run }) if run == r1));
+        assert!(r.book().record(r1).is_some_and(RecordStatus::may_exist));
+        assert_eq!(close(&mut r, r1, t0), vec![]);
+        assert_eq!(r.take_sent(), vec![Request::Remove { run: r1 }]);
     }
 
     #[test]
@@ -444,15 +485,16 @@ mod tests {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
         let r1 = RunId::from(1);
-        assert!(r.begin(subject(r1), t0, None).is_some());
+        assert_eq!(begin(&mut r, r1, t0), vec![]);
         let gone = Completion::not_usable("the recorder thread is gone".into());
         assert_eq!(r.feed(gone, t0), vec![RecordEvent::Settled(r1)]);
         let r2 = RunId::from(2);
-        assert!(
-            r.begin(subject(r2), t0, None).is_none(),
+        assert_eq!(
+            begin(&mut r, r2, t0),
+            vec![RecordEvent::Unrecorded(r2)],
             "no record any more"
         );
-        assert!(!r.keeps(r2));
+        assert!(!r.book().record(r2).is_some_and(RecordStatus::may_exist));
         let failed = Completion::Created {
             run: r1,
             result: Err(WriteError::NotOpen),
@@ -469,7 +511,7 @@ mod tests {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
         let r1 = RunId::from(1);
-        r.begin(subject(r1), t0, None);
+        begin(&mut r, r1, t0);
         r.feed(
             Completion::Created {
                 run: r1,
@@ -478,7 +520,7 @@ mod tests {
             t0,
         );
         // 2/3 of the TTL (30 s) without a heartbeat landing.
-        let stop = r.tick(t0 + Duration::from_secs(21));
+        let stop = r.record_timers(t0 + Duration::from_secs(21));
         assert_eq!(
             stop,
             vec![RecordEvent::Fence {
@@ -486,8 +528,8 @@ mod tests {
                 kill: false
             }]
         );
-        assert_eq!(r.refusal(r1), Some(Refusal::Fenced));
-        let kill = r.tick(t0 + Duration::from_secs(28));
+        assert_eq!(r.book().may_launch(r1), Launch::Fenced);
+        let kill = r.record_timers(t0 + Duration::from_secs(28));
         assert_eq!(
             kill,
             vec![RecordEvent::Fence {

@@ -7,8 +7,9 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
+use super::action::Force;
 use super::bounds::parsed_cost;
-use super::runs::{CancelTarget, Force};
+use super::runs::CancelTarget;
 use crate::locks::names::RunId;
 use crate::protocol::{
     self, CancelRequest, Decoder, Envelope, Kind, Request, RunRequest, SignalNote,
@@ -17,7 +18,7 @@ use crate::terraform::normal_dir;
 
 /// Where a conversation is.
 #[derive(Debug)]
-enum Phase {
+enum Conversation {
     /// Waits for its one request, with the descriptor passed with it (the shim's stdin).
     Open {
         /// The shim's stdin, once received.
@@ -51,7 +52,7 @@ pub(super) enum Input {
         /// The shim's stdin, when it passed one.
         stdin: Option<OwnedFd>,
     },
-    /// `tfinit status`, `drain` or `resume`.
+    /// A control request: `tfinit status`, `drain`, `resume`, `metrics` or `cancel`.
     Control(Control),
     /// The shim of `run` got a stop signal.
     Signal {
@@ -68,7 +69,7 @@ pub(super) enum Input {
     Busy(String),
 }
 
-/// A control request.
+/// A control request (answered by supervisor/control.rs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Control {
     /// The status document.
@@ -92,7 +93,7 @@ pub(super) enum Control {
 #[derive(Debug)]
 pub(super) struct Session {
     decoder: Decoder,
-    phase: Phase,
+    phase: Conversation,
     out: Vec<u8>,
     sent: usize,
 }
@@ -107,7 +108,7 @@ impl Session {
     pub(super) fn new(limit: usize, deadline: Instant) -> Session {
         Session {
             decoder: Decoder::new(limit),
-            phase: Phase::Open {
+            phase: Conversation::Open {
                 stdin: None,
                 deadline,
             },
@@ -124,22 +125,25 @@ impl Session {
     /// What its run's request costs the init until terraform starts.
     pub(super) fn held(&self) -> usize {
         match self.phase {
-            Phase::Asked { held } | Phase::Attached { held, .. } => held,
-            Phase::Open { .. } | Phase::Closing => 0,
+            Conversation::Asked { held } | Conversation::Attached { held, .. } => held,
+            Conversation::Open { .. } | Conversation::Closing => 0,
         }
     }
 
     /// When it is closed unless its request has come whole (only while it has not).
     pub(super) fn deadline(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Open { deadline, .. } => Some(deadline),
-            Phase::Asked { .. } | Phase::Attached { .. } | Phase::Closing => None,
+            Conversation::Open { deadline, .. } => Some(deadline),
+            Conversation::Asked { .. } | Conversation::Attached { .. } | Conversation::Closing => {
+                None
+            }
         }
     }
 
     /// terraform of its run started: its request is no longer held.
     pub(super) fn launched(&mut self) {
-        if let Phase::Asked { held } | Phase::Attached { held, .. } = &mut self.phase {
+        if let Conversation::Asked { held } | Conversation::Attached { held, .. } = &mut self.phase
+        {
             *held = 0;
         }
     }
@@ -148,7 +152,7 @@ impl Session {
     /// before the request is the shim's stdin; any other is dropped (closed).
     pub(super) fn received(&mut self, bytes: &[u8], fds: Vec<OwnedFd>) {
         for fd in fds {
-            if let Phase::Open {
+            if let Conversation::Open {
                 stdin: stdin @ None,
                 ..
             } = &mut self.phase
@@ -169,10 +173,10 @@ impl Session {
                 Err(e) => return Some(Input::Broken(e.to_string())),
             };
             match (frame.kind, &mut self.phase) {
-                (Kind::Request, Phase::Open { stdin, .. }) => {
+                (Kind::Request, Conversation::Open { stdin, .. }) => {
                     let cost = parsed_cost(&frame.payload);
                     if cost > room {
-                        self.phase = Phase::Asked { held: 0 };
+                        self.phase = Conversation::Asked { held: 0 };
                         return Some(Input::Busy(format!(
                             "refused for now: this request would take up to {cost} bytes of the init's memory until terraform starts, and {room} are free of what it keeps for the requests of runs waiting to start (TFINIT_MAX_RUNS queues them); try again"
                         )));
@@ -183,10 +187,10 @@ impl Session {
                         Input::Run { .. } => cost,
                         _ => 0,
                     };
-                    self.phase = Phase::Asked { held };
+                    self.phase = Conversation::Asked { held };
                     return Some(input);
                 }
-                (Kind::Signal, Phase::Attached { run, .. }) => {
+                (Kind::Signal, Conversation::Attached { run, .. }) => {
                     match serde_json::from_slice::<SignalNote>(&frame.payload) {
                         Ok(n) => {
                             return Some(Input::Signal {
@@ -205,14 +209,14 @@ impl Session {
     /// Its request started `run`.
     pub(super) fn attach(&mut self, run: RunId) {
         let held = self.held();
-        self.phase = Phase::Attached { run, held };
+        self.phase = Conversation::Attached { run, held };
     }
 
     /// The run it is attached to, if any.
     pub(super) fn run(&self) -> Option<RunId> {
         match self.phase {
-            Phase::Attached { run, .. } => Some(run),
-            Phase::Open { .. } | Phase::Asked { .. } | Phase::Closing => None,
+            Conversation::Attached { run, .. } => Some(run),
+            Conversation::Open { .. } | Conversation::Asked { .. } | Conversation::Closing => None,
         }
     }
 
@@ -221,7 +225,7 @@ impl Session {
     /// read: what it sent and was not decoded is dropped.
     pub(super) fn answer<T: serde::Serialize>(&mut self, kind: Kind, answer: &T) {
         self.queue_json(kind, answer);
-        self.phase = Phase::Closing;
+        self.phase = Conversation::Closing;
         self.decoder.clear();
     }
 
@@ -233,7 +237,7 @@ impl Session {
 
     /// Whether it closes once everything queued is written.
     pub(super) fn closing(&self) -> bool {
-        matches!(self.phase, Phase::Closing)
+        matches!(self.phase, Conversation::Closing)
     }
 
     /// Queues one frame.

@@ -1,15 +1,22 @@
-//! The shutdown timeline: how the grace budget is spent. Pure logic, driven by the event loop.
+//! The shutdown timeline: how the grace budget is spent. Pure logic, driven by the event loop:
+//! each input (a stop signal, the controller's exit, the time) is answered with the [`Action`]s
+//! of the step it reaches, which the loop carries out.
 //!
 //! deadline = first stop request (or the controller's exit) + grace period.
-//! - at once: the stop signal goes to the controller; new runs are refused.
+//! - at once: the stop signal goes to the controller (the loop forwards it before asking here);
+//!   runs that wait to start are refused, and so are new ones.
 //! - deadline - stop timeout: every run still going gets its one graceful SIGTERM.
-//! - deadline - kill margin: SIGKILL to every run's group and everything left.
+//! - deadline - kill margin: SIGKILL to every run's group (or helper), to the controller's group
+//!   while it has members, and, as PID 1, to every process left in the container.
 //!
 //! A second stop signal jumps to the graceful step, a third to the kill step.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use super::action::Refusal;
+use nix::unistd::Pid;
+
+use super::action::{Action, Force, Refusal};
+use crate::sys::Target;
 
 pub(crate) use crate::phase::Phase;
 
@@ -36,6 +43,14 @@ pub(super) enum Step {
 }
 
 impl Step {
+    /// The step that stops runs with `force`.
+    pub(super) fn of(force: Force) -> Step {
+        match force {
+            Force::Graceful => Step::Graceful,
+            Force::Kill => Step::Kill,
+        }
+    }
+
     /// The name in logs.
     pub(super) fn as_str(self) -> &'static str {
         match self {
@@ -48,7 +63,7 @@ impl Step {
 
 /// Why the timeline started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cause {
+enum Cause {
     /// A stop signal reached the init.
     Signal,
     /// The controller exited on its own.
@@ -57,7 +72,7 @@ pub(super) enum Cause {
 
 impl Cause {
     /// The name in logs.
-    pub(super) fn as_str(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             Cause::Signal => "stop signal",
             Cause::MainExited => "controller exited",
@@ -91,12 +106,16 @@ pub(super) struct Timeline {
     grace: Duration,
     stop_timeout: Duration,
     kill_margin: Duration,
+    /// The controller's process group, SIGKILLed at the kill step.
+    main: Pid,
+    /// Whether the kill step also SIGKILLs every process left (as PID 1: the container's).
+    everyone: bool,
     state: State,
 }
 
-/// What the event loop must do now.
+/// A step the timeline reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Transition {
+enum Transition {
     /// Stopping began.
     Began(Cause),
     /// Send every run its graceful SIGTERM.
@@ -106,13 +125,77 @@ pub(super) enum Transition {
 }
 
 impl Timeline {
-    /// A timeline for the given budget (validated by config: stop + margin < grace).
-    pub(super) fn new(grace: Duration, stop_timeout: Duration, kill_margin: Duration) -> Self {
+    /// A timeline for the given budget (validated by config: stop + margin < grace), for the
+    /// controller `main`; `everyone`: the kill step ends with every process left (PID 1).
+    pub(super) fn new(
+        (grace, stop_timeout, kill_margin): (Duration, Duration, Duration),
+        main: Pid,
+        everyone: bool,
+    ) -> Self {
         Timeline {
             grace,
             stop_timeout,
             kill_margin,
+            main,
+            everyone,
             state: State::Running,
+        }
+    }
+
+    /// A stop signal (SIGTERM/SIGINT) reached the init (it was forwarded already): the first
+    /// begins the shutdown, the second jumps to the graceful step, the third to the kill step.
+    /// When the controller's exit began the shutdown, the first signal only counts.
+    pub(super) fn on_stop_signal(&mut self, now: Instant) -> Vec<Action> {
+        let t = self.stop_signal(now);
+        self.actions(t)
+    }
+
+    /// The controller exited: the shutdown begins now unless it runs already.
+    pub(super) fn on_main_exit(&mut self, now: Instant) -> Vec<Action> {
+        let t = self.main_exit(now);
+        self.actions(t)
+    }
+
+    /// The steps due at `now` (the kill step may skip the graceful one when both are due, but the
+    /// graceful step is never skipped while its time is ahead of the kill).
+    pub(super) fn due(&mut self, now: Instant) -> Vec<Action> {
+        let mut acts = Vec::new();
+        while let Some(t) = self.step_due(now) {
+            acts.extend(self.actions(Some(t)));
+        }
+        acts
+    }
+
+    /// The shutdown policy: what each step does.
+    fn actions(&self, t: Option<Transition>) -> Vec<Action> {
+        match t {
+            None => Vec::new(),
+            Some(Transition::Began(cause)) => vec![
+                Action::RefuseWaiting(Refusal::ShuttingDown),
+                Action::ShutdownBegan {
+                    cause: cause.as_str(),
+                    quiet_when_done: cause == Cause::MainExited,
+                },
+            ],
+            Some(Transition::Graceful) => vec![Action::StopRuns(Force::Graceful)],
+            Some(Transition::Kill) => {
+                let mut acts = vec![
+                    Action::StopRuns(Force::Kill),
+                    Action::Signal {
+                        target: Target::Group(self.main),
+                        signo: libc::SIGKILL,
+                        what: "controller's process group",
+                    },
+                ];
+                if self.everyone {
+                    acts.push(Action::Signal {
+                        target: Target::Everyone,
+                        signo: libc::SIGKILL,
+                        what: "every process left in the container",
+                    });
+                }
+                acts
+            }
         }
     }
 
@@ -156,7 +239,7 @@ impl Timeline {
         draining
     }
 
-    fn begin(&mut self, now: Instant, cause: Cause) -> Transition {
+    fn start_stopping(&mut self, now: Instant, cause: Cause) -> Transition {
         self.state = State::Stopping(Stopping {
             deadline: now + self.grace,
             wall: SystemTime::now() + self.grace,
@@ -166,12 +249,10 @@ impl Timeline {
         Transition::Began(cause)
     }
 
-    /// A stop signal (SIGTERM/SIGINT) reached the init: the first begins the timeline, the second
-    /// jumps to the graceful step, the third to the kill step. When the controller's exit began
-    /// the timeline, the first signal only counts.
-    pub(super) fn on_stop_signal(&mut self, now: Instant) -> Option<Transition> {
+    /// See [`Self::on_stop_signal`].
+    fn stop_signal(&mut self, now: Instant) -> Option<Transition> {
         let State::Stopping(s) = &mut self.state else {
-            return Some(self.begin(now, Cause::Signal));
+            return Some(self.start_stopping(now, Cause::Signal));
         };
         s.signals += 1;
         match s.signals {
@@ -181,14 +262,13 @@ impl Timeline {
         }
     }
 
-    /// The controller exited: the timeline starts now unless it already runs.
-    pub(super) fn on_main_exit(&mut self, now: Instant) -> Option<Transition> {
-        (self.phase() != Phase::Stopping).then(|| self.begin(now, Cause::MainExited))
+    /// See [`Self::on_main_exit`].
+    fn main_exit(&mut self, now: Instant) -> Option<Transition> {
+        (self.phase() != Phase::Stopping).then(|| self.start_stopping(now, Cause::MainExited))
     }
 
-    /// The step due at `now`, if its time has come (the kill step may skip the graceful one when
-    /// both are due, but the graceful step is never skipped while its time is ahead of the kill).
-    pub(super) fn due(&mut self, now: Instant) -> Option<Transition> {
+    /// The step due at `now`, if its time has come.
+    fn step_due(&mut self, now: Instant) -> Option<Transition> {
         let (stop_timeout, kill_margin) = (self.stop_timeout, self.kill_margin);
         let State::Stopping(s) = &mut self.state else {
             return None;
@@ -247,33 +327,39 @@ impl Stopping {
 mod tests {
     use super::*;
 
-    fn t() -> Timeline {
-        Timeline::new(
+    const MAIN: i32 = 10;
+
+    fn budget() -> (Duration, Duration, Duration) {
+        (
             Duration::from_secs(30),
             Duration::from_secs(10),
             Duration::from_secs(2),
         )
     }
 
+    fn t() -> Timeline {
+        Timeline::new(budget(), Pid::from_raw(MAIN), true)
+    }
+
     #[test]
     fn steps_come_at_their_times() {
         let mut tl = t();
         let t0 = Instant::now();
-        assert_eq!(
-            tl.on_stop_signal(t0),
-            Some(Transition::Began(Cause::Signal))
-        );
+        assert_eq!(tl.stop_signal(t0), Some(Transition::Began(Cause::Signal)));
         assert_eq!(tl.refusal(), Some(Refusal::ShuttingDown));
-        assert_eq!(tl.due(t0 + Duration::from_secs(19)), None);
+        assert_eq!(tl.step_due(t0 + Duration::from_secs(19)), None);
         assert_eq!(tl.next_wakeup(), Some(t0 + Duration::from_secs(20)));
         assert_eq!(
-            tl.due(t0 + Duration::from_secs(20)),
+            tl.step_due(t0 + Duration::from_secs(20)),
             Some(Transition::Graceful)
         );
-        assert_eq!(tl.due(t0 + Duration::from_secs(20)), None);
-        assert_eq!(tl.due(t0 + Duration::from_secs(27)), None);
-        assert_eq!(tl.due(t0 + Duration::from_secs(28)), Some(Transition::Kill));
-        assert_eq!(tl.due(t0 + Duration::from_secs(29)), None);
+        assert_eq!(tl.step_due(t0 + Duration::from_secs(20)), None);
+        assert_eq!(tl.step_due(t0 + Duration::from_secs(27)), None);
+        assert_eq!(
+            tl.step_due(t0 + Duration::from_secs(28)),
+            Some(Transition::Kill)
+        );
+        assert_eq!(tl.step_due(t0 + Duration::from_secs(29)), None);
         assert_eq!(tl.next_wakeup(), None);
     }
 
@@ -281,32 +367,29 @@ mod tests {
     fn second_and_third_signals_escalate_once_each() {
         let mut tl = t();
         let t0 = Instant::now();
-        tl.on_stop_signal(t0);
-        assert_eq!(tl.on_stop_signal(t0), Some(Transition::Graceful));
+        tl.stop_signal(t0);
+        assert_eq!(tl.stop_signal(t0), Some(Transition::Graceful));
         assert_eq!(
-            tl.due(t0 + Duration::from_secs(20)),
+            tl.step_due(t0 + Duration::from_secs(20)),
             None,
             "graceful never sent twice"
         );
-        assert_eq!(tl.on_stop_signal(t0), Some(Transition::Kill));
-        assert_eq!(tl.on_stop_signal(t0), None);
+        assert_eq!(tl.stop_signal(t0), Some(Transition::Kill));
+        assert_eq!(tl.stop_signal(t0), None);
     }
 
     #[test]
     fn main_exit_starts_the_timeline_once() {
         let mut tl = t();
         let t0 = Instant::now();
+        assert_eq!(tl.main_exit(t0), Some(Transition::Began(Cause::MainExited)));
+        assert_eq!(tl.main_exit(t0), None);
         assert_eq!(
-            tl.on_main_exit(t0),
-            Some(Transition::Began(Cause::MainExited))
-        );
-        assert_eq!(tl.on_main_exit(t0), None);
-        assert_eq!(
-            tl.on_stop_signal(t0),
+            tl.stop_signal(t0),
             None,
             "first signal after a crash does not escalate"
         );
-        assert_eq!(tl.on_stop_signal(t0), Some(Transition::Graceful));
+        assert_eq!(tl.stop_signal(t0), Some(Transition::Graceful));
     }
 
     #[test]
@@ -318,7 +401,7 @@ mod tests {
         assert!(tl.resume());
         assert_eq!(tl.refusal(), None);
         assert!(!tl.resume(), "nothing to resume while running");
-        tl.on_stop_signal(Instant::now());
+        tl.stop_signal(Instant::now());
         assert!(!tl.resume(), "stopping cannot be resumed");
         assert_eq!(tl.phase(), Phase::Stopping);
         assert!(!tl.drain(), "stopping cannot be drained");
@@ -331,11 +414,108 @@ mod tests {
         assert_eq!(tl.deadline(), None);
         assert_eq!(tl.next_wakeup(), None);
         assert_eq!(tl.seconds_left(t0), None);
-        tl.on_stop_signal(t0);
+        tl.stop_signal(t0);
         assert_eq!(
             tl.deadline().map(|(d, _)| d),
             Some(t0 + Duration::from_secs(30))
         );
         assert_eq!(tl.seconds_left(t0 + Duration::from_secs(31)), Some(-1.0));
+    }
+
+    /// A short name of each action, for comparing sequences.
+    fn names(acts: &[Action]) -> Vec<String> {
+        acts.iter()
+            .map(|a| match a {
+                Action::RefuseWaiting(why) => format!("refuse waiting runs: {why:?}"),
+                Action::ShutdownBegan { cause, .. } => format!("log: shutdown began ({cause})"),
+                Action::StopRuns(Force::Graceful) => "SIGTERM to every run".into(),
+                Action::StopRuns(Force::Kill) => "SIGKILL to every run".into(),
+                Action::Signal { target, signo, .. } => {
+                    format!("{} to {target}", crate::signals::name(*signo))
+                }
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_policy_refuses_waiting_runs_then_sigterms_every_run_then_sigkills_everything_left() {
+        let mut tl = t();
+        let t0 = Instant::now();
+        assert_eq!(
+            names(&tl.on_stop_signal(t0)),
+            [
+                "refuse waiting runs: ShuttingDown",
+                "log: shutdown began (stop signal)"
+            ]
+        );
+        assert!(tl.due(t0 + Duration::from_secs(19)).is_empty());
+        assert_eq!(
+            names(&tl.due(t0 + Duration::from_secs(20))),
+            ["SIGTERM to every run"]
+        );
+        assert!(tl.due(t0 + Duration::from_secs(27)).is_empty());
+        assert_eq!(
+            names(&tl.due(t0 + Duration::from_secs(28))),
+            [
+                "SIGKILL to every run",
+                "SIGKILL to process group 10",
+                "SIGKILL to every process"
+            ]
+        );
+        assert!(tl.due(t0 + Duration::from_secs(60)).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_late_wake_up_takes_both_steps_in_order() {
+        let mut tl = t();
+        let t0 = Instant::now();
+        tl.on_stop_signal(t0);
+        assert_eq!(
+            names(&tl.due(t0 + Duration::from_secs(29))),
+            [
+                "SIGTERM to every run",
+                "SIGKILL to every run",
+                "SIGKILL to process group 10",
+                "SIGKILL to every process"
+            ],
+            "the graceful step is never skipped"
+        );
+    }
+
+    #[test]
+    fn without_pid_1_the_kill_step_leaves_other_processes_alone() {
+        let mut tl = Timeline::new(budget(), Pid::from_raw(MAIN), false);
+        let t0 = Instant::now();
+        tl.on_main_exit(t0);
+        assert_eq!(
+            names(&tl.due(t0 + Duration::from_secs(28))),
+            [
+                "SIGTERM to every run",
+                "SIGKILL to every run",
+                "SIGKILL to process group 10"
+            ]
+        );
+    }
+
+    #[test]
+    fn stop_signals_escalate_the_policy_one_step_each() {
+        let mut tl = t();
+        let t0 = Instant::now();
+        assert_eq!(
+            names(&tl.on_main_exit(t0)),
+            [
+                "refuse waiting runs: ShuttingDown",
+                "log: shutdown began (controller exited)"
+            ]
+        );
+        assert!(
+            tl.on_stop_signal(t0).is_empty(),
+            "the first one only counts"
+        );
+        assert_eq!(names(&tl.on_stop_signal(t0)), ["SIGTERM to every run"]);
+        assert_eq!(names(&tl.on_stop_signal(t0)).len(), 3, "the kill step");
+        assert!(tl.on_stop_signal(t0).is_empty());
+        assert!(tl.on_main_exit(t0).is_empty());
     }
 }

@@ -1,11 +1,11 @@
 //! What a lock recovery decided and on which backend, as `tfinit_force_unlocks_total` and the
 //! recovery helper's report name them: one list each, so the helper that writes a label and the
-//! init that counts it cannot drift. Kept apart from recover/outcome.rs, whose [`Outcome`] carries
+//! init that counts it cannot drift. Kept apart from recover/outcome.rs, whose [`RecoveryOutcome`] carries
 //! the details a label leaves out.
 //!
-//! [`Outcome`]: super::recover::Outcome
+//! [`RecoveryOutcome`]: super::recover::RecoveryOutcome
 
-/// The kind of a recovery's decision ([`super::recover::Outcome::label`]).
+/// The kind of a recovery's decision ([`super::recover::RecoveryOutcome::label`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnlockOutcome {
     /// The dead run's lock was released.

@@ -21,8 +21,8 @@ macro_rules! label_value {
 }
 
 label_value!(
-    Outcome => label,
-    RunState => label,
+    RunOutcome => label,
+    RunStage => label,
     Cancel => label,
     Listener => label,
     Pause => label,
@@ -35,7 +35,7 @@ label_value!(
 
 /// How a run ended, as `tfinit_runs_total{outcome}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum RunOutcome {
     /// terraform exited 0.
     Succeeded,
     /// terraform exited with another code.
@@ -51,23 +51,23 @@ pub enum Outcome {
     Refused,
 }
 
-impl Outcome {
+impl RunOutcome {
     /// Its label value.
     pub fn label(self) -> &'static str {
         match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Signalled => "signalled",
-            Outcome::StoppedGracefully => "stopped_gracefully",
-            Outcome::Killed => "killed",
-            Outcome::Refused => "refused",
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Signalled => "signalled",
+            RunOutcome::StoppedGracefully => "stopped_gracefully",
+            RunOutcome::Killed => "killed",
+            RunOutcome::Refused => "refused",
         }
     }
 }
 
 /// A run's state, as `tfinit_runs{state}` counts the runs in each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RunState {
+pub enum RunStage {
     /// Waiting for a lock recovery in its directory (or for the store to tell whether one is
     /// needed).
     Recovering,
@@ -81,29 +81,29 @@ pub enum RunState {
     Stopping,
 }
 
-impl RunState {
+impl RunStage {
     /// Its label value.
     pub fn label(self) -> &'static str {
         match self {
-            RunState::Recovering => "recovering",
-            RunState::Recording => "recording",
-            RunState::Queued => "queued",
-            RunState::Running => "running",
-            RunState::Stopping => "stopping",
+            RunStage::Recovering => "recovering",
+            RunStage::Recording => "recording",
+            RunStage::Queued => "queued",
+            RunStage::Running => "running",
+            RunStage::Stopping => "stopping",
         }
     }
 
     /// Every state, in the order of [`RunCounts`].
-    pub const ALL: [RunState; 5] = [
-        RunState::Recovering,
-        RunState::Recording,
-        RunState::Queued,
-        RunState::Running,
-        RunState::Stopping,
+    pub const ALL: [RunStage; 5] = [
+        RunStage::Recovering,
+        RunStage::Recording,
+        RunStage::Queued,
+        RunStage::Running,
+        RunStage::Stopping,
     ];
 }
 
-/// How many runs are in each [`RunState`], in the order of [`RunState::ALL`].
+/// How many runs are in each [`RunStage`], in the order of [`RunStage::ALL`].
 pub type RunCounts = [i64; 5];
 
 /// How a cancel was asked for.
@@ -246,7 +246,7 @@ pub fn subcommand_label(subcommand: &str) -> &'static str {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct RunLabels {
     pub(super) subcommand: &'static str,
-    pub(super) outcome: Outcome,
+    pub(super) outcome: RunOutcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -256,7 +256,7 @@ pub(super) struct SubcommandLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct StateLabels {
-    pub(super) state: RunState,
+    pub(super) state: RunStage,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -32,7 +32,7 @@ use labels::{
     RunLabels, SignalLabels, StateLabels, SubcommandLabels, UnlockLabels, VersionLabels,
 };
 pub use labels::{
-    subcommand_label, Cancel, Dropped, Listener, Outcome, Pause, RunCounts, RunState,
+    subcommand_label, Cancel, Dropped, Listener, Pause, RunCounts, RunOutcome, RunStage,
 };
 
 /// Buckets of `tfinit_run_duration_seconds`: from a `version` to a long apply.
@@ -117,7 +117,7 @@ impl Metrics {
         // The small families' label sets now (a record then never takes their write lock). The
         // per-subcommand and per-signal ones are made at first use: made up front they would
         // cost about 300 KiB of an idle init's memory (measured), for series that mostly stay 0.
-        for state in RunState::ALL {
+        for state in RunStage::ALL {
             let _ = runs.get_or_create(&StateLabels { state });
         }
         // tfinit_force_unlocks_total's series are made at first use too (90 label sets).
@@ -241,7 +241,7 @@ impl Metrics {
 
     /// A run of `subcommand` ended with `outcome` after `took` (refused runs count with a zero
     /// duration, and are not observed in the histogram).
-    pub fn run_ended(&self, subcommand: &str, outcome: Outcome, took: Duration) {
+    pub fn run_ended(&self, subcommand: &str, outcome: RunOutcome, took: Duration) {
         let subcommand = subcommand_label(subcommand);
         self.runs_total
             .get_or_create(&RunLabels {
@@ -249,7 +249,7 @@ impl Metrics {
                 outcome,
             })
             .inc();
-        if outcome != Outcome::Refused {
+        if outcome != RunOutcome::Refused {
             self.run_duration
                 .get_or_create(&SubcommandLabels { subcommand })
                 .observe(took.as_secs_f64());
@@ -258,7 +258,7 @@ impl Metrics {
 
     /// How many runs are in each state now.
     pub fn set_runs(&self, counts: RunCounts) {
-        for (state, n) in RunState::ALL.into_iter().zip(counts) {
+        for (state, n) in RunStage::ALL.into_iter().zip(counts) {
             self.runs.get_or_create(&StateLabels { state }).set(n);
         }
     }

@@ -15,9 +15,9 @@ fn every_series_moves_with_what_it_counts() {
     assert!(t.contains("tfinit_build_info{version=\"1.2.3\"} 1"), "{t}");
     let ok = "tfinit_runs_total{subcommand=\"apply\",outcome=\"succeeded\"}";
     assert_eq!(value(&t, ok), None, "made at first use: {t}");
-    m.run_ended("apply", Outcome::Succeeded, Duration::from_secs(3));
-    m.run_ended("frobnicate", Outcome::Failed, Duration::from_millis(10));
-    m.run_ended("plan", Outcome::Refused, Duration::ZERO);
+    m.run_ended("apply", RunOutcome::Succeeded, Duration::from_secs(3));
+    m.run_ended("frobnicate", RunOutcome::Failed, Duration::from_millis(10));
+    m.run_ended("plan", RunOutcome::Refused, Duration::ZERO);
     m.reaped(3);
     m.forwarded(libc::SIGTERM);
     m.forwarded(crate::sys::sigrtmin() + 3);

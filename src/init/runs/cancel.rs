@@ -9,10 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::super::action::{Action, Refusal};
-use super::super::records::Records;
+use super::super::action::{Action, Force, Refusal};
 use super::life::{Job, Life, Stop};
-use super::{Force, Runs};
+use super::Runs;
 use crate::locks::names::RunId;
 use crate::metrics::Cancel;
 use crate::protocol::FileId;
@@ -43,19 +42,18 @@ impl Runs {
         &mut self,
         target: &CancelTarget,
         force: Force,
-        records: &mut Records,
         now: Instant,
     ) -> Result<(Vec<Action>, Vec<String>), String> {
         let ids = self.named_by(target)?;
         let mut acts = Vec::new();
         let mut done = Vec::new();
         for id in ids {
-            let line = self.cancel_one(id, force, records, now, &mut acts);
+            let line = self.cancel_one(id, force, now, &mut acts);
             tracing::info!(run = %id, force = force == Force::Kill, "tfinit cancel: {line}");
             done.push(format!("{id}: {line}"));
         }
         // A run ended before terraform started gave its place back.
-        self.admit(records, now, &mut acts);
+        acts.push(Action::Admit);
         Ok((acts, done))
     }
 
@@ -86,7 +84,6 @@ impl Runs {
         &mut self,
         id: RunId,
         force: Force,
-        records: &mut Records,
         now: Instant,
         acts: &mut Vec<Action>,
     ) -> String {
@@ -109,7 +106,7 @@ impl Runs {
         };
         match (found, force) {
             (Found::NotStarted, _) => {
-                self.refuse(id, Refusal::Cancelled, records, acts);
+                self.refuse(id, Refusal::Cancelled, acts);
                 acts.push(Action::CountCancel(how));
                 format!("ended before terraform started (it was {state}); its shim exits 75")
             }

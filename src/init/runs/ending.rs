@@ -5,15 +5,15 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::super::action::Action;
+use super::super::action::{Action, Force};
 use super::super::reaper::Exit;
-use super::super::records::Records;
 use super::life::{Helper, Job, Life, Stop};
 use super::{Runs, LINGER};
+use crate::locks::book::{Book, RecordStatus};
 use crate::locks::follower::Follower;
 use crate::locks::names::RunId;
 use crate::locks::record;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::ExitNote;
 use crate::signals;
 
@@ -21,15 +21,6 @@ use crate::signals;
 /// lock) was killed by a signal (the child's wait status -1 as an exit code:
 /// docs/notes/terraform-facts.md 6b). terraform itself exits 0, 1 or 2.
 const PANICWRAP_CHILD_KILLED: i32 = 255;
-
-/// How a run is stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::init) enum Force {
-    /// Its one graceful SIGTERM.
-    Graceful,
-    /// SIGKILL to its process group.
-    Kill,
-}
 
 impl Runs {
     /// Asks a run to stop gracefully: its one SIGTERM, to terraform's own pid (never its group).
@@ -146,7 +137,6 @@ impl Runs {
         id: RunId,
         now: Instant,
         stopping: bool,
-        records: &mut Records,
     ) -> Vec<Action> {
         let Some(run) = self.table.get_mut(&id) else {
             return Vec::new();
@@ -155,13 +145,9 @@ impl Runs {
         if run.waiting() {
             // Nobody waits for it any more, and starting it now would only leave a run to stop.
             tracing::info!(run = %id, state = run.life.as_str(), "the shim is gone; terraform is not started");
-            self.table.remove(&id);
-            let mut acts: Vec<Action> = records
-                .exited(id, None, Vec::new())
-                .map(Action::Record)
-                .into_iter()
-                .collect();
-            self.admit(records, now, &mut acts);
+            let mut acts = Vec::new();
+            self.take(id, None, Vec::new(), &mut acts);
+            acts.push(Action::Admit);
             return acts;
         }
         let was_paused = run.pipes().is_some_and(|p| p.paused);
@@ -192,13 +178,13 @@ impl Runs {
         id: RunId,
         exit: Exit,
         stopping_phase: bool,
-        records: &mut Records,
+        book: &Book,
         now: Instant,
     ) -> Vec<Action> {
         let Some(run) = self.table.get_mut(&id) else {
             return Vec::new();
         };
-        let Some((pgid, stop)) = run.exited(exit, now + LINGER) else {
+        let Some((pgid, stop)) = run.reaped(exit, now + LINGER) else {
             return Vec::new();
         };
         let job = &run.job;
@@ -225,32 +211,32 @@ impl Runs {
                 stopping,
             });
         }
-        self.finish_if_done(id, records, &mut acts);
+        self.finish_if_done(id, book, &mut acts);
         // Its place under TFINIT_MAX_RUNS is free: terraform is gone (its output may still drain).
-        self.admit(records, now, &mut acts);
+        acts.push(Action::Admit);
         acts
     }
 
     /// One of run `id`'s pipes was closed: the run may be over.
-    pub(in crate::init) fn pipe_closed(&mut self, id: RunId, records: &mut Records) -> Vec<Action> {
+    pub(in crate::init) fn pipe_closed(&mut self, id: RunId, book: &Book) -> Vec<Action> {
         let mut acts = Vec::new();
-        self.finish_if_done(id, records, &mut acts);
+        self.finish_if_done(id, book, &mut acts);
         acts
     }
 
     /// Ends a run once terraform was reaped and its output fully drained: its shim gets the exit
     /// code, and its record is removed when terraform exited by itself (kept when killed).
-    fn finish_if_done(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
-        let (exit, stop) = match self.table.get(&id).map(|r| &r.life) {
-            Some(Life::Exited {
-                exit, pipes, stop, ..
-            }) if !pipes.is_open() => (*exit, *stop),
-            _ => return,
-        };
-        let Some(run) = self.table.remove(&id) else {
+    fn finish_if_done(&mut self, id: RunId, book: &Book, acts: &mut Vec<Action>) {
+        let Some(run) = self.table.get(&id) else {
             return;
         };
-        let job = run.job;
+        let (exit, stop) = match &run.life {
+            Life::Exited {
+                exit, pipes, stop, ..
+            } if !pipes.is_open() => (*exit, *stop),
+            _ => return,
+        };
+        let job = &run.job;
         // Creates, updates or destroys that started and never completed: their resources may exist
         // outside the state. terraform exited by itself (a graceful stop, an error), so no lock
         // recovery will name them later: name them now.
@@ -266,9 +252,14 @@ impl Runs {
                 "operations unfinished when terraform exited: resources that may exist outside the state: check them and import or delete"
             );
         }
-        if job.locking() {
-            acts.extend(close_record(&job, exit, unfinished, records).map(Action::Record));
-        }
+        let ended = job
+            .locking()
+            .then(|| how_it_ended(job, exit, &unfinished, book))
+            .flatten();
+        let Some(run) = self.take(id, ended, unfinished, acts) else {
+            return;
+        };
+        let job = run.job;
         if let Some(conn) = job.conn {
             let note = ExitNote {
                 code: exit.code(),
@@ -288,14 +279,9 @@ impl Runs {
     /// Time-driven work at `now`: runs that waited too long for the store go on; an abandoned
     /// run that did not stop within TFINIT_STOP_TIMEOUT is SIGKILLed; pipes still open after
     /// terraform's linger are drained and closed.
-    pub(in crate::init) fn tick(
-        &mut self,
-        records: &mut Records,
-        state_dir: &Path,
-        now: Instant,
-    ) -> Vec<Action> {
+    pub(in crate::init) fn run_timers(&mut self, state_dir: &Path, now: Instant) -> Vec<Action> {
         let mut acts = Vec::new();
-        self.expire_waiting(records, state_dir, now, &mut acts);
+        self.expire_waiting(state_dir, now, &mut acts);
         let ids = self.ids();
         for id in ids {
             let Some(run) = self.table.get(&id) else {
@@ -316,26 +302,26 @@ impl Runs {
     }
 }
 
-/// A state-locking run is over: its record is removed when terraform exited by itself, and
-/// kept, marked ended, when it may have left its lock (the recorder does either, in order after
-/// the record's other writes). `in_progress`: the operations it left unfinished.
 /// How a run ended, as the metrics count it: what tfinit did to it first, else its exit.
-fn outcome_of(exit: Exit, stop: Stop) -> Outcome {
+fn outcome_of(exit: Exit, stop: Stop) -> RunOutcome {
     match (exit, stop) {
-        (_, Stop::Killed { .. }) => Outcome::Killed,
-        (_, s) if s.graceful() => Outcome::StoppedGracefully,
-        (Exit::Signal(_), _) => Outcome::Signalled,
-        (Exit::Code(0), _) => Outcome::Succeeded,
-        (Exit::Code(_), _) => Outcome::Failed,
+        (_, Stop::Killed { .. }) => RunOutcome::Killed,
+        (_, s) if s.graceful() => RunOutcome::StoppedGracefully,
+        (Exit::Signal(_), _) => RunOutcome::Signalled,
+        (Exit::Code(0), _) => RunOutcome::Succeeded,
+        (Exit::Code(_), _) => RunOutcome::Failed,
     }
 }
 
-fn close_record(
+/// A state-locking run is over: its record is removed when terraform exited by itself (None),
+/// and kept, marked ended (how), when it may have left its lock (the recorder does either, in
+/// order after the record's other writes). `in_progress`: the operations it left unfinished.
+fn how_it_ended(
     job: &Job,
     exit: Exit,
-    in_progress: Vec<String>,
-    records: &mut Records,
-) -> Option<crate::locks::recorder::Request> {
+    in_progress: &[String],
+    book: &Book,
+) -> Option<record::Ended> {
     let trouble = job.follower.as_ref().and_then(Follower::lock_trouble);
     let ended = match (exit, trouble) {
         (Exit::Code(c), None) if c != PANICWRAP_CHILD_KILLED => None,
@@ -345,16 +331,16 @@ fn close_record(
             "exit code {PANICWRAP_CHILD_KILLED}: terraform's wrapped child process was killed by a signal"
         )),
     };
-    if let Some(how) = ended.as_ref().filter(|_| records.keeps(job.id)) {
+    let kept = book.record(job.id).is_some_and(RecordStatus::may_exist);
+    if let Some(how) = ended.as_ref().filter(|_| kept) {
         tracing::warn!(
             run = %job.id, how = %how, in_progress = ?in_progress,
             "terraform ended without releasing its state lock for sure: its lock-owner record is kept, and the next state-locking run in {} checks the lock first",
             job.workdir.display()
         );
     }
-    let ended = ended.map(|how| record::Ended {
+    ended.map(|how| record::Ended {
         ms: record::now_ms(),
         how,
-    });
-    records.exited(job.id, ended, in_progress)
+    })
 }

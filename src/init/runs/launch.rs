@@ -14,6 +14,8 @@
 //!    the outcome to [`Runs::spawned`], which makes the run `Running`.
 //!
 //! Every wait for the store is bounded by one TFINIT_RECORD_TIMEOUT from the run's first wait.
+//! The records are read from the book (`&Book`), never written: step 3 asks for the record with
+//! `Record::Begin`, and the records' answer comes back through [`Runs::on_record_events`].
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -22,17 +24,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::unistd::Pid;
 
-use super::super::action::{Action, Refusal};
+use super::super::action::{Action, Child, Refusal};
 use super::super::reaper::Exit;
-use super::super::reaping::Child;
-use super::super::records::{Records, Subject};
+use super::super::records::{Record, Subject};
 use super::super::shutdown::Phase;
 use super::super::spawn::{RecoveryArgs, StartError, Started};
 use super::super::token::ConnId;
 use super::life::{Helper, Job, Life, Pending, Pipes, Run, Stop};
 use super::Runs;
+use crate::locks::book::Book;
 use crate::locks::names::RunId;
-use crate::metrics::Outcome;
+use crate::metrics::RunOutcome;
 use crate::protocol::{self, ExitNote, RunRequest};
 use crate::terraform;
 
@@ -49,7 +51,7 @@ impl Runs {
         request: RunRequest,
         stdin: Option<OwnedFd>,
         phase: Phase,
-        records: &mut Records,
+        book: &Book,
         now: Instant,
     ) -> Vec<Action> {
         if let Some(why) = phase.refusal() {
@@ -59,7 +61,7 @@ impl Runs {
                 why.answer(conn, None),
                 Action::Tally {
                     subcommand,
-                    outcome: Outcome::Refused,
+                    outcome: RunOutcome::Refused,
                     took: Duration::ZERO,
                 },
             ];
@@ -85,27 +87,31 @@ impl Runs {
         self.table.insert(id, Run { job, life });
         if queue {
             // Admitted in arrival order as places free up (normally none is free here).
-            self.admit(records, now, &mut acts);
+            acts.extend(self.admit(book, now));
         } else {
-            self.begin(id, records, now, &mut acts);
+            self.set_off(id, book, now, &mut acts);
         }
         acts
     }
 
-    /// Takes queued runs out of the queue, oldest first, while places are free under
-    /// TFINIT_MAX_RUNS. Called wherever a place may have been given back: terraform reaped, a run
-    /// that held one ended before terraform started.
-    pub(super) fn admit(&mut self, records: &mut Records, now: Instant, acts: &mut Vec<Action>) {
-        while let Some(id) = self.next_admitted() {
+    /// Takes the oldest queued run out of the queue, when a place under TFINIT_MAX_RUNS is free,
+    /// and asks to be called again ([`Action::Admit`]) once what that asks of the records is done:
+    /// the next run's lock check reads the book as that left it. Asked for wherever a place may
+    /// have been given back: terraform reaped, a run that held one ended before terraform started.
+    pub(in crate::init) fn admit(&mut self, book: &Book, now: Instant) -> Vec<Action> {
+        let mut acts = Vec::new();
+        if let Some(id) = self.next_admitted() {
             tracing::debug!(run = %id, "a place under TFINIT_MAX_RUNS is free: the run leaves the queue");
-            self.begin(id, records, now, acts);
+            self.set_off(id, book, now, &mut acts);
+            acts.push(Action::Admit);
         }
+        acts
     }
 
     /// A run starts on its way to terraform (it holds a place from here): a state-locking run
     /// checks its lock first (its wait for the store bounded by TFINIT_RECORD_TIMEOUT from now),
     /// another one is launched.
-    fn begin(&mut self, id: RunId, records: &mut Records, now: Instant, acts: &mut Vec<Action>) {
+    fn set_off(&mut self, id: RunId, book: &Book, now: Instant, acts: &mut Vec<Action>) {
         let Some(run) = self.table.get(&id) else {
             return;
         };
@@ -113,10 +119,10 @@ impl Runs {
             // It waits for the store until its lock check says otherwise.
             let deadline = now + self.record_timeout;
             self.move_to(id, |pending| Life::AwaitingRecords { pending, deadline });
-            self.check_lock(id, deadline, records, now, acts);
+            self.check_lock(id, deadline, book, now, acts);
         } else {
             self.move_to(id, |pending| Life::Launching { pending });
-            self.launch(id, records, acts);
+            self.launch(id, book, acts);
         }
     }
 
@@ -128,7 +134,7 @@ impl Runs {
         &mut self,
         id: RunId,
         deadline: Instant,
-        records: &mut Records,
+        book: &Book,
         now: Instant,
         acts: &mut Vec<Action>,
     ) {
@@ -136,7 +142,7 @@ impl Runs {
             return;
         };
         let wait = |pending| Life::AwaitingRecords { pending, deadline };
-        if records.opening() {
+        if book.opening() {
             // Whether a dead run's record is here is known once the recorder has read the store.
             return self.move_to(id, wait);
         }
@@ -147,37 +153,33 @@ impl Runs {
             tracing::info!(run = %id, workdir = %workdir.display(), "a lock recovery runs: this run waits for it");
             return self.move_to(id, wait);
         }
-        // The records answer from memory (the recorder's last scan): no storage call here.
-        if !records.needs_recovery(&workdir, now) {
-            return self.record_step(id, Some(deadline), records, now, acts);
+        // The book answers from memory (the recorder's last scan): no storage call here.
+        if !book.needs_recovery(&workdir, now) {
+            return self.record_step(id, Some(deadline), acts);
         }
-        if !records.may_recover(&workdir) {
+        if !book.may_recover(&workdir) {
             tracing::info!(run = %id, workdir = %workdir.display(), "a dead run's lock-owner record is here: its lock is checked once this init's own end-markings in this directory are on the state volume");
             return self.move_to(id, wait);
         }
-        let (args, watching) = records.recovery(&workdir, now);
-        let helper = Helper::Starting { deadline, watching };
+        let helper = Helper::Starting { deadline };
         self.move_to(id, |pending| Life::Recovering { pending, helper });
-        acts.push(Action::Recover {
-            run: id,
-            args: Box::new(args),
-        });
+        acts.push(Action::Recover(id));
     }
 
     /// `id`'s request, for the loop to start its recovery helper with.
-    pub(in crate::init) fn request_of(&mut self, id: RunId) -> Option<&RunRequest> {
-        Some(&self.table.get_mut(&id)?.life.pending_mut()?.request)
+    pub(in crate::init) fn request_of(&self, id: RunId) -> Option<&RunRequest> {
+        Some(&self.table.get(&id)?.life.pending()?.request)
     }
 
-    /// The loop tried to start `id`'s recovery helper (with `args`): it runs, or terraform starts
+    /// The loop tried to start `id`'s recovery helper (with `args`; `watching`: it only watches
+    /// owners this pod has not watched for a TTL yet, for the log): it runs, or terraform starts
     /// without it.
     pub(in crate::init) fn recovery_started(
         &mut self,
         id: RunId,
         args: &RecoveryArgs,
+        watching: bool,
         started: io::Result<Pid>,
-        records: &mut Records,
-        now: Instant,
     ) -> Vec<Action> {
         let mut acts = Vec::new();
         let Some(Run {
@@ -187,7 +189,7 @@ impl Runs {
         else {
             return acts;
         };
-        let Helper::Starting { deadline, watching } = *helper else {
+        let Helper::Starting { deadline } = *helper else {
             return acts;
         };
         match started {
@@ -205,7 +207,7 @@ impl Runs {
             }
             Err(e) => {
                 tracing::warn!(run = %id, error = %e, "cannot start the lock recovery; terraform starts without it");
-                self.record_step(id, Some(deadline), records, now, &mut acts);
+                self.record_step(id, Some(deadline), &mut acts);
             }
         }
         acts
@@ -213,56 +215,45 @@ impl Runs {
 
     /// A state-locking run's second step: its lock-owner record, on the volume before terraform
     /// exists (so a kill right after the start leaves it). The run waits in `recording` while
-    /// the recorder writes it, at most TFINIT_RECORD_TIMEOUT; the records say when not to wait.
-    fn record_step(
-        &mut self,
-        id: RunId,
-        deadline: Option<Instant>,
-        records: &mut Records,
-        now: Instant,
-        acts: &mut Vec<Action>,
-    ) {
-        let Some(Run { job, life }) = self.table.get_mut(&id) else {
+    /// the recorder writes it, at most TFINIT_RECORD_TIMEOUT; the records say when not to wait:
+    /// at once ([`RecordEvent::Unrecorded`](super::super::records::RecordEvent)) when no record
+    /// can be written now.
+    fn record_step(&mut self, id: RunId, deadline: Option<Instant>, acts: &mut Vec<Action>) {
+        let Some(Run { job, life }) = self.table.get(&id) else {
             return;
         };
-        let Some(pending) = life.pending_mut() else {
+        let Some(pending) = life.pending() else {
             return;
         };
-        let subject = Subject {
+        let subject = Box::new(Subject {
             run: id,
-            cwd: &job.cwd,
-            workdir: &job.workdir,
-            workspace: &job.workspace,
-            subcommand: &job.invocation.subcommand,
-            argv: &job.argv,
-            env: &pending.request.env,
-        };
-        match records.begin(subject, now, deadline) {
-            None => self.launch(id, records, acts),
-            Some(create) => {
-                // Waiting first: a recorder found gone while sending starts it at once.
-                self.move_to(id, |pending| Life::Recording { pending });
-                acts.push(Action::Record(create));
-            }
-        }
+            cwd: job.cwd.clone(),
+            workdir: job.workdir.clone(),
+            workspace: job.workspace.clone(),
+            subcommand: job.invocation.subcommand.clone(),
+            argv: job.argv.clone(),
+            env: pending.request.env.clone(),
+        });
+        self.move_to(id, |pending| Life::Recording { pending });
+        acts.push(Action::Record(Record::Begin { subject, deadline }));
     }
 
     /// The records say a run waiting in `recording` may start (its record landed, failed, or
-    /// timed out).
-    pub(super) fn settled(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
+    /// timed out, or none is written).
+    pub(super) fn settled(&mut self, id: RunId, book: &Book, acts: &mut Vec<Action>) {
         if self
             .table
             .get(&id)
             .is_some_and(|r| matches!(r.life, Life::Recording { .. }))
         {
-            self.launch(id, records, acts);
+            self.launch(id, book, acts);
         }
     }
 
     /// The last step: terraform is started (by the loop), unless the fence refuses the run.
-    fn launch(&mut self, id: RunId, records: &mut Records, acts: &mut Vec<Action>) {
-        if let Some(why) = records.refusal(id) {
-            return self.refuse(id, why, records, acts);
+    fn launch(&mut self, id: RunId, book: &Book, acts: &mut Vec<Action>) {
+        if let Some(why) = Refusal::of_launch(book.may_launch(id)) {
+            return self.refuse(id, why, acts);
         }
         self.move_to(id, |pending| Life::Launching { pending });
         acts.push(Action::Spawn(id));
@@ -285,8 +276,6 @@ impl Runs {
         &mut self,
         id: RunId,
         started: Result<Started, StartError>,
-        records: &mut Records,
-        now: Instant,
     ) -> Vec<Action> {
         let Some(run) = self.table.get_mut(&id) else {
             return Vec::new();
@@ -297,8 +286,8 @@ impl Runs {
         let started = match started {
             Ok(s) => s,
             Err(e) => {
-                let mut acts = self.not_started(id, &e, records);
-                self.admit(records, now, &mut acts);
+                let mut acts = self.not_started(id, &e);
+                acts.push(Action::Admit);
                 return acts;
             }
         };
@@ -327,7 +316,7 @@ impl Runs {
 
     /// terraform could not be started for `id` (`e`): the run is over, and its shim gets the
     /// shell's code (127 not found, 126 not executable) or 75 when resources ran out.
-    fn not_started(&mut self, id: RunId, e: &StartError, records: &mut Records) -> Vec<Action> {
+    fn not_started(&mut self, id: RunId, e: &StartError) -> Vec<Action> {
         let Some(req) = self.request_of(id) else {
             return Vec::new();
         };
@@ -337,14 +326,10 @@ impl Runs {
             req.program, req.cwd
         );
         tracing::warn!(run = %id, "{msg}");
-        let Some(run) = self.table.remove(&id) else {
-            return Vec::new();
+        let mut acts = Vec::new();
+        let Some(run) = self.take(id, None, Vec::new(), &mut acts) else {
+            return acts;
         };
-        let mut acts: Vec<Action> = records
-            .exited(id, None, Vec::new())
-            .map(Action::Record)
-            .into_iter()
-            .collect();
         if let Some(conn) = run.job.conn {
             let note = ExitNote {
                 code,
@@ -359,15 +344,9 @@ impl Runs {
 
     /// The one way a run that has not started is refused: it is over (its record, landed or in
     /// flight, is removed) and its shim, if still there, is told why (exit code 75). Its place,
-    /// if it held one, is given back by the caller ([`Self::admit`]).
-    pub(super) fn refuse(
-        &mut self,
-        id: RunId,
-        why: Refusal,
-        records: &mut Records,
-        acts: &mut Vec<Action>,
-    ) {
-        let Some(run) = self.table.remove(&id) else {
+    /// if it held one, is given back by the caller ([`Action::Admit`]).
+    pub(super) fn refuse(&mut self, id: RunId, why: Refusal, acts: &mut Vec<Action>) {
+        let Some(run) = self.take(id, None, Vec::new(), acts) else {
             return;
         };
         match why {
@@ -378,15 +357,12 @@ impl Runs {
                 tracing::info!(run = %id, state = run.life.as_str(), reason = why.as_str(), "terraform run refused before it started")
             }
         }
-        if let Some(r) = records.exited(id, None, Vec::new()) {
-            acts.push(Action::Record(r));
-        }
         if let Some(conn) = run.job.conn {
             acts.push(why.answer(conn, Some(id)));
         }
         acts.push(Action::Tally {
             subcommand: run.job.invocation.subcommand.clone(),
-            outcome: Outcome::Refused,
+            outcome: RunOutcome::Refused,
             took: Duration::ZERO,
         });
     }
@@ -394,11 +370,7 @@ impl Runs {
     /// The init stopped accepting runs (shutdown, drain): every run that has not started because
     /// it waits in the queue or for the store is refused; its record, if it lands later, is
     /// removed. No run is queued afterwards (none is admitted: the queue is empty).
-    pub(in crate::init) fn refuse_waiting(
-        &mut self,
-        why: Refusal,
-        records: &mut Records,
-    ) -> Vec<Action> {
+    pub(in crate::init) fn refuse_waiting(&mut self, why: Refusal) -> Vec<Action> {
         let waiting: Vec<RunId> = self
             .table
             .iter()
@@ -407,7 +379,7 @@ impl Runs {
             .collect();
         let mut acts = Vec::new();
         for id in waiting {
-            self.refuse(id, why, records, &mut acts);
+            self.refuse(id, why, &mut acts);
         }
         acts
     }
@@ -415,14 +387,12 @@ impl Runs {
     /// A run's lock recovery ended: the recorder rescans (the table counts in that directory
     /// again once scanned after it), and the run goes on to its record, unless its shim is gone
     /// or the init stopped accepting runs meanwhile (then it is refused like a new run). Runs
-    /// that waited for this recovery check their lock again.
+    /// that waited for this recovery check their lock again, once the book has all that.
     pub(in crate::init) fn recovery_exited(
         &mut self,
         id: RunId,
         exit: Exit,
         refusal: Option<Refusal>,
-        records: &mut Records,
-        now: Instant,
     ) -> Vec<Action> {
         let mut acts = Vec::new();
         let Some(run) = self.table.get(&id).filter(|r| r.recovering()) else {
@@ -430,34 +400,38 @@ impl Runs {
         };
         tracing::info!(run = %id, %exit, "lock recovery finished");
         let conn = run.job.conn;
-        let rescan = records.recovery_done(&run.job.workdir, now);
-        acts.push(Action::Record(rescan));
+        let workdir = run.job.workdir.clone();
+        acts.push(Action::Record(Record::RecoveryDone { workdir }));
         if conn.is_none() {
             // The shim gave up while the lock was checked: nobody waits for this run, and
             // starting it now would only leave a run to stop.
             tracing::info!(run = %id, "the shim is gone; terraform is not started");
-            self.table.remove(&id);
+            self.take(id, None, Vec::new(), &mut acts);
         } else if let Some(why) = refusal {
             // Stopping (the kill step may have ended the helper) or draining. An abandoned run's
             // helper killed on its timer has no shim, so it ended above.
-            self.refuse(id, why, records, &mut acts);
+            self.refuse(id, why, &mut acts);
         } else {
-            self.record_step(id, None, records, now, &mut acts);
+            self.record_step(id, None, &mut acts);
         }
-        self.resume_awaiting(records, now, &mut acts);
-        self.admit(records, now, &mut acts);
+        acts.push(Action::Recheck);
         acts
     }
 
-    /// Runs that waited for this init's end-markings in their directory, or for a recovery
-    /// there, check their lock again once those are done.
-    pub(super) fn resume_awaiting(
-        &mut self,
-        records: &mut Records,
-        now: Instant,
-        acts: &mut Vec<Action>,
-    ) {
-        if records.opening() {
+    /// Runs that waited for this init's end-markings in their directory, for a recovery there,
+    /// or for the store to open check their lock again, now that the records changed; then a
+    /// place may be free ([`Self::admit`]). Each check reads only what the ones before it left
+    /// unchanged (their record's begin; a recovery's arguments are read when it starts).
+    pub(in crate::init) fn recheck(&mut self, book: &Book, now: Instant) -> Vec<Action> {
+        let mut acts = Vec::new();
+        self.resume_awaiting(book, now, &mut acts);
+        acts.extend(self.admit(book, now));
+        acts
+    }
+
+    /// See [`Self::recheck`].
+    fn resume_awaiting(&mut self, book: &Book, now: Instant, acts: &mut Vec<Action>) {
+        if book.opening() {
             return;
         }
         let ready: Vec<(RunId, Instant)> = self
@@ -465,7 +439,7 @@ impl Runs {
             .iter()
             .filter_map(|(id, r)| match r.life {
                 Life::AwaitingRecords { deadline, .. }
-                    if records.may_recover(&r.job.workdir) && !self.recovering() =>
+                    if book.may_recover(&r.job.workdir) && !self.recovering() =>
                 {
                     Some((*id, deadline))
                 }
@@ -474,7 +448,7 @@ impl Runs {
             .collect();
         for (id, deadline) in ready {
             // An earlier one may have started a recovery: checked again.
-            self.check_lock(id, deadline, records, now, acts);
+            self.check_lock(id, deadline, book, now, acts);
         }
     }
 
@@ -483,7 +457,6 @@ impl Runs {
     /// of their state, and it decided with the runs it was given).
     pub(super) fn expire_waiting(
         &mut self,
-        records: &mut Records,
         state_dir: &Path,
         now: Instant,
         acts: &mut Vec<Action>,
@@ -505,7 +478,7 @@ impl Runs {
                     "the lock check is skipped: within TFINIT_RECORD_TIMEOUT the state volume did not open, or did not take this init's own end-marking of a run in this directory (a recovery must read records that tell the truth); terraform starts, and the next state-locking run here checks the lock"
                 );
             }
-            self.record_step(id, Some(deadline), records, now, acts);
+            self.record_step(id, Some(deadline), acts);
         }
     }
 

@@ -101,9 +101,6 @@ pub(super) enum Helper {
     Starting {
         /// The end of the run's TFINIT_RECORD_TIMEOUT.
         deadline: Instant,
-        /// Whether it only watches owners this pod has not watched for a TTL yet (none is known
-        /// dead), for the log.
-        watching: bool,
     },
     /// Runs (its own process group).
     Running {
@@ -141,8 +138,9 @@ pub(super) enum Life {
         /// The helper.
         helper: Helper,
     },
-    /// Its lock-owner record is being written; terraform starts when it lands, or without it at
-    /// TFINIT_RECORD_TIMEOUT (the records keep that deadline).
+    /// Its lock-owner record is asked for and being written; terraform starts when it lands, or
+    /// without it at TFINIT_RECORD_TIMEOUT (the records keep that deadline), or at once when the
+    /// records answer that none can be written now.
     Recording {
         /// Its request.
         pending: Pending,
@@ -188,7 +186,19 @@ impl Life {
         }
     }
 
-    /// Its request, while terraform has not started (to read it, or move it to the next state).
+    /// Its request, while terraform has not started.
+    pub(super) fn pending(&self) -> Option<&Pending> {
+        match self {
+            Life::Queued { pending }
+            | Life::AwaitingRecords { pending, .. }
+            | Life::Recovering { pending, .. }
+            | Life::Recording { pending }
+            | Life::Launching { pending } => Some(pending),
+            Life::Running { .. } | Life::Exited { .. } => None,
+        }
+    }
+
+    /// See [`Self::pending`] (to move it to the next state).
     pub(super) fn pending_mut(&mut self) -> Option<&mut Pending> {
         match self {
             Life::Queued { pending }
@@ -375,7 +385,7 @@ impl Run {
 
     /// terraform was reaped: Running becomes Exited, its pipes drained until `linger_until`.
     /// Returns its process group and how far stopping it had gone; None when it was not running.
-    pub(super) fn exited(&mut self, exit: Exit, linger_until: Instant) -> Option<(Pid, Stop)> {
+    pub(super) fn reaped(&mut self, exit: Exit, linger_until: Instant) -> Option<(Pid, Stop)> {
         let Life::Running { pid, pipes, stop } = &mut self.life else {
             return None;
         };

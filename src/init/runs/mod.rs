@@ -3,6 +3,14 @@
 //! changes a run's [`Life`] and returns the [`Action`]s that follow. Nothing here touches a
 //! process, a pipe's contents or a socket: the loop does what the actions say.
 //!
+//! The lock-owner records are read here, never written: through the book, read-only, and a change
+//! is asked for with an [`Action::Record`]. Whatever must be decided after such a change is a
+//! follow-up action ([`Action::Admit`], [`Action::Recheck`], [`Action::Recover`]) that the loop
+//! carries out after it, so every decision reads the book as the changes asked before it left it.
+//! A state-locking run enters the book only through its `Record::Begin` (launch.rs,
+//! `record_step`) and leaves it only through the `Record::Close` that [`Runs::take`] asks for as it
+//! takes the run out of the table: the two tables keyed by `RunId` cannot drift apart.
+//!
 //! - launch.rs: from the request to terraform's start (refusal, the queue under
 //!   TFINIT_MAX_RUNS, lock check, recovery, record).
 //! - ending.rs: stopping, abandoning and ending runs (signals, exits, records closed, timers).
@@ -14,7 +22,6 @@ mod launch;
 mod life;
 
 pub(super) use cancel::CancelTarget;
-pub(super) use ending::Force;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -24,11 +31,12 @@ use std::time::{Duration, Instant};
 
 use life::{Life, Run, Stop};
 
-use super::action::Action;
-use super::records::{RecordEvent, Records};
+use super::action::{Action, Force};
+use super::records::{Record, RecordEvent};
 use super::token::{ConnId, Stream};
+use crate::locks::book::Book;
 use crate::locks::names::RunId;
-use crate::locks::recorder::Request;
+use crate::locks::record::Ended;
 use crate::protocol::RunStatus;
 
 /// How long pipes held open by a leftover grandchild are drained after terraform exits.
@@ -80,7 +88,7 @@ impl Runs {
     /// How many runs are in each state of `tfinit_runs{state}` (terraform exited and its output
     /// draining counts in none).
     pub(super) fn counts(&self) -> crate::metrics::RunCounts {
-        use crate::metrics::RunState as M;
+        use crate::metrics::RunStage as M;
         let mut counts = [0i64; 5];
         for run in self.table.values() {
             let state = match &run.life {
@@ -121,18 +129,22 @@ impl Runs {
             .min()
     }
 
-    /// What the records say for the runs: waiting runs that may start, runs the fence stops;
-    /// then runs that waited for the store check their lock again.
+    /// What the records say for the runs (`book`: as they are now): waiting runs that may start,
+    /// runs the fence stops; then, after what that asks of the records, runs that waited for the
+    /// store check their lock again ([`Action::Recheck`]), unless this was only the answer to a
+    /// run's own begin.
     pub(super) fn on_record_events(
         &mut self,
         events: Vec<RecordEvent>,
-        records: &mut Records,
-        now: Instant,
+        book: &Book,
     ) -> Vec<Action> {
         let mut acts = Vec::new();
+        let news = events.is_empty() || events.iter().any(RecordEvent::is_news);
         for e in events {
             match e {
-                RecordEvent::Settled(run) => self.settled(run, records, &mut acts),
+                RecordEvent::Settled(run) | RecordEvent::Unrecorded(run) => {
+                    self.settled(run, book, &mut acts)
+                }
                 RecordEvent::Fence { runs, kill } => {
                     let force = if kill { Force::Kill } else { Force::Graceful };
                     for run in runs {
@@ -141,10 +153,32 @@ impl Runs {
                 }
             }
         }
-        self.resume_awaiting(records, now, &mut acts);
-        // A run the fence refused as its record landed gave its place back.
-        self.admit(records, now, &mut acts);
+        // Also: a run the fence refused as its record landed gave its place back.
+        if news {
+            acts.push(Action::Recheck);
+        }
         acts
+    }
+
+    /// Takes run `id` out of the table, over: the one way out, so that a state-locking run's
+    /// record is always closed with it (`ended`: how it ended, when that may have left its lock;
+    /// `in_progress`: what it left unfinished).
+    fn take(
+        &mut self,
+        id: RunId,
+        ended: Option<Ended>,
+        in_progress: Vec<String>,
+        acts: &mut Vec<Action>,
+    ) -> Option<Run> {
+        let run = self.table.remove(&id)?;
+        if run.job.locking() {
+            acts.push(Action::Record(Record::Close {
+                run: id,
+                ended,
+                in_progress,
+            }));
+        }
+        Some(run)
     }
 
     /// How signal logs name run `id`'s terraform: its working directory, its subcommand, and
@@ -183,8 +217,7 @@ impl Runs {
         stream: Stream,
         bytes: &[u8],
         attached: bool,
-        records: &Records,
-    ) -> Option<Request> {
+    ) -> Option<Action> {
         let job = &mut self.table.get_mut(&id)?.job;
         // Progress goes to the recorder as soon as it is seen (the recorder coalesces while a
         // write of this record is in flight): a resource is on the volume within one write of
@@ -193,7 +226,11 @@ impl Runs {
         if let Some(f) = job.follower.as_mut() {
             f.feed(stream as usize, bytes);
             if f.take_changed() {
-                progress = records.progress(id, f.in_progress());
+                let in_progress = f.in_progress();
+                progress = Some(Action::Record(Record::Progress {
+                    run: id,
+                    in_progress,
+                }));
             }
         }
         if !attached {
@@ -232,6 +269,11 @@ impl Runs {
     pub(super) fn take_pipe(&mut self, id: RunId, stream: Stream) -> Option<(OwnedFd, bool)> {
         let pipes = self.table.get_mut(&id)?.pipes_mut()?;
         Some((pipes.take(stream)?, pipes.paused))
+    }
+
+    /// Where run `id`'s terraform works (for its recovery helper).
+    pub(super) fn workdir(&self, id: RunId) -> Option<&Path> {
+        Some(&self.table.get(&id)?.job.workdir)
     }
 
     /// Every run's id.

@@ -33,7 +33,7 @@ mod table;
 
 pub use fence::FenceStage;
 pub use notice::Notice;
-use runs::{Closing, Run};
+use runs::{Closing, RecordedRun};
 pub use runs::{LiveRun, NewRun, RecordStatus};
 pub use store_state::{StoreState, NOT_ANSWERING_EVERY};
 
@@ -121,7 +121,7 @@ pub struct Book {
     /// While the store cannot be written: where records of this host's `Who` keep state-locking
     /// runs from starting ([`Book::may_launch`]).
     shadowed: Vec<PathBuf>,
-    runs: HashMap<RunId, Run>,
+    runs: HashMap<RunId, RecordedRun>,
     closing: HashMap<RunId, Closing>,
 }
 

@@ -88,7 +88,7 @@ pub struct NewRun<'a> {
 
 /// A live state-locking run.
 #[derive(Debug, Clone)]
-pub(super) struct Run {
+pub(super) struct RecordedRun {
     pub(super) workdir: PathBuf,
     pub(super) workspace: String,
     /// $USER and $HOME from its environment (they make the Who when passwd has no entry).
@@ -178,7 +178,7 @@ impl Book {
             .map(|d| new.workdir.join(d));
         self.runs.insert(
             run,
-            Run {
+            RecordedRun {
                 workdir: new.workdir.to_path_buf(),
                 workspace: new.workspace.to_string(),
                 user_env,

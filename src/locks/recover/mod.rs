@@ -56,7 +56,7 @@ use backend::{backend_config_in, backend_type_in, record_data_dir};
 pub use decision::{decide, Decision, Window, CLOCK_SKEW};
 pub use evidence::live_on_host;
 use invoke::run_terraform;
-pub use outcome::{HelperReport, Outcome, UnknownWording, REPORT_FD_VAR};
+pub use outcome::{HelperReport, RecoveryOutcome, UnknownWording, REPORT_FD_VAR};
 
 /// The init's hidden subcommand that recovers one working directory.
 pub const HIDDEN_SUBCOMMAND: &str = "__recover";
@@ -96,7 +96,7 @@ impl Recovery {
     pub fn run(
         &self,
         only: Option<&Path>,
-    ) -> Result<Vec<(RecordId, Box<Record>, Outcome)>, String> {
+    ) -> Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String> {
         let mut observer =
             Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
         let only = only.map(|d| (d, fs::canonicalize(d).ok()));
@@ -266,14 +266,14 @@ impl Recovery {
         rec: &Record,
         all: &[(RecordId, Record)],
         lock: Option<&RecoveryLock>,
-    ) -> Outcome {
+    ) -> RecoveryOutcome {
         let RunState::Over(why_dead) = self.state_now(observer, rec) else {
-            return Outcome::OwnerAlive;
+            return RecoveryOutcome::OwnerAlive;
         };
         if self.automatic
             && Facts::of(rec).needs_person_by.as_deref() == Some(self.me.incarnation().as_str())
         {
-            return Outcome::WaitingForPerson;
+            return RecoveryOutcome::WaitingForPerson;
         }
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
@@ -281,21 +281,21 @@ impl Recovery {
         let outcome = match backend.as_deref() {
             // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
             // runs, in a fresh working directory): the backend is unknown, not local.
-            None if !data_dir.is_dir() => Outcome::Unknown(format!(
+            None if !data_dir.is_dir() => RecoveryOutcome::Unknown(format!(
                 "{} is not initialised ({} does not exist): its backend is unknown until `terraform init` runs there",
                 workdir.display(),
                 data_dir.display()
             )),
             None | Some("local") | Some("pg") => {
-                Outcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
+                RecoveryOutcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
             }
-            Some(b) if !lockinfo::probe_safe(b) => Outcome::Unsupported(b.to_string()),
+            Some(b) if !lockinfo::probe_safe(b) => RecoveryOutcome::Unsupported(b.to_string()),
             Some(b) => self.probe_and_decide(observer, b, path, rec, all, lock),
         };
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
             match &outcome {
-                Outcome::NeedsPerson(info, command) => {
+                RecoveryOutcome::NeedsPerson(info, command) => {
                     let mut marked = rec.clone();
                     marked.needs_person = Some(NeedsPerson {
                         reported_by: self.me.incarnation(),
@@ -307,15 +307,15 @@ impl Recovery {
                         tracing::warn!(record = %path, error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
                     }
                 }
-                Outcome::Unlocked(_)
-                | Outcome::HeldByOther(..)
-                | Outcome::Free
-                | Outcome::NothingToRelease(_) => {
+                RecoveryOutcome::Unlocked(_)
+                | RecoveryOutcome::HeldByOther(..)
+                | RecoveryOutcome::Free
+                | RecoveryOutcome::NothingToRelease(_) => {
                     if let Err(e) = self.store.remove(path) {
                         tracing::warn!(record = %path, error = %e, "cannot remove the record");
                     }
                 }
-                Outcome::Unsupported(_) => {
+                RecoveryOutcome::Unsupported(_) => {
                     if let Err(e) = self.store.set_aside(path, &Aside::Manual) {
                         tracing::warn!(record = %path, error = %e, "cannot set the record aside");
                     }
@@ -334,7 +334,7 @@ impl Recovery {
         rec: &Record,
         all: &[(RecordId, Record)],
         lock: Option<&RecoveryLock>,
-    ) -> Outcome {
+    ) -> RecoveryOutcome {
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
         let config = backend_config_in(&data_dir).unwrap_or_default();
@@ -347,35 +347,35 @@ impl Recovery {
             &["force-unlock", "-force", lockinfo::probe_id(backend)],
         ) {
             Ok((ok, output)) => lockinfo::parse_probe_of(backend, lease.as_deref(), ok, &output),
-            Err(e) => return Outcome::Unknown(e),
+            Err(e) => return RecoveryOutcome::Unknown(e),
         };
         let (info, state_missing) = match probe {
-            Probe::Free => return Outcome::Free,
-            Probe::Unreadable(m) => return Outcome::Unknown(m),
-            Probe::Unknown(m) => return Outcome::UnknownWording(m),
+            Probe::Free => return RecoveryOutcome::Free,
+            Probe::Unreadable(m) => return RecoveryOutcome::Unknown(m),
+            Probe::Unknown(m) => return RecoveryOutcome::UnknownWording(m),
             Probe::Held(info) => (info, false),
             Probe::HeldStateMissing(info) => (info, true),
         };
         match decide(rec, &info, &self.window(observer, path, rec, &info, all)) {
-            Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
-            Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
+            Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
+            Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),
             Decision::Unlock => {}
         }
         // terraform's force-unlock loads the state first, and loading a missing state takes the
         // lock to create it: with the lock held, that fails whatever the id.
         if state_missing {
             let command = release_command(backend, &config, &rec.workspace, &info);
-            return Outcome::NeedsPerson(info, command);
+            return RecoveryOutcome::NeedsPerson(info, command);
         }
         if self.dry_run {
-            return Outcome::Unlocked(info);
+            return RecoveryOutcome::Unlocked(info);
         }
         // Right before the unlock, everything again from the volume: the owner's heartbeat (a
         // beat since the probe makes it alive) and the records (a run that started here since,
         // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
         // no state-locking run of the init starts while its recovery runs.
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
-            return Outcome::OwnerAlive;
+            return RecoveryOutcome::OwnerAlive;
         }
         let fresh: Vec<(RecordId, Record)> = self
             .store
@@ -387,14 +387,14 @@ impl Recovery {
             })
             .collect();
         match decide(rec, &info, &self.window(observer, path, rec, &info, &fresh)) {
-            Decision::NotOurs(why) => return Outcome::HeldByOther(info, why),
-            Decision::Ambiguous(why) => return Outcome::Ambiguous(info, why),
+            Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
+            Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),
             Decision::Unlock => {}
         }
         // A right to recover that must be renewed (the Kubernetes store's Lease) and was not in
         // time may be another pod's by now: nothing is released without it.
         if lock.is_some_and(|l| !l.held()) {
-            return Outcome::Unknown(
+            return RecoveryOutcome::Unknown(
                 "the right to recover was not renewed in time (the recovery Lease): nothing released; the next recovery decides again".into(),
             );
         }
@@ -405,9 +405,9 @@ impl Recovery {
             &rec.workspace,
             &["force-unlock", "-force", &info.id],
         ) {
-            Ok((true, _)) => Outcome::Unlocked(info),
-            Ok((false, output)) => Outcome::UnlockFailed(lockinfo::first_line(&output)),
-            Err(e) => Outcome::UnlockFailed(e),
+            Ok((true, _)) => RecoveryOutcome::Unlocked(info),
+            Ok((false, output)) => RecoveryOutcome::UnlockFailed(lockinfo::first_line(&output)),
+            Err(e) => RecoveryOutcome::UnlockFailed(e),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! What a recovery decided about one record ([`Outcome`]), and what the recovery helper tells the
+//! What a recovery decided about one record ([`RecoveryOutcome`]), and what the recovery helper tells the
 //! init of it on its report pipe ([`HelperReport`]), for the metrics and the log.
 
 use serde::{Deserialize, Serialize};
@@ -8,7 +8,7 @@ use crate::locks::lockinfo::LockInfo;
 
 /// What happened to one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RecoveryOutcome {
     /// Its run may still be going: untouched.
     OwnerAlive,
     /// The backend's lock dies with its process (local, pg): record removed.
@@ -27,7 +27,7 @@ pub enum Outcome {
     /// The probe could not tell: nothing touched, record kept.
     Unknown(String),
     /// The probe's answer is in a wording tfinit does not know (lockinfo::Probe::Unknown): as
-    /// [`Outcome::Unknown`], and the init says it once per record and counts it.
+    /// [`RecoveryOutcome::Unknown`], and the init says it once per record and counts it.
     UnknownWording(String),
     /// The unlock itself failed: record kept.
     UnlockFailed(String),
@@ -39,22 +39,24 @@ pub enum Outcome {
     WaitingForPerson,
 }
 
-impl Outcome {
+impl RecoveryOutcome {
     /// Its name in `tfinit_force_unlocks_total{outcome}`; None for a record left alone without a
     /// decision (a person was told already).
     pub fn label(&self) -> Option<UnlockOutcome> {
         Some(match self {
-            Outcome::OwnerAlive => UnlockOutcome::OwnerAlive,
-            Outcome::NothingToRelease(_) => UnlockOutcome::NothingToRelease,
-            Outcome::Unsupported(_) => UnlockOutcome::Unsupported,
-            Outcome::Free => UnlockOutcome::Free,
-            Outcome::Unlocked(_) => UnlockOutcome::Unlocked,
-            Outcome::HeldByOther(..) => UnlockOutcome::HeldByOther,
-            Outcome::Ambiguous(..) => UnlockOutcome::Ambiguous,
-            Outcome::Unknown(_) | Outcome::UnknownWording(_) => UnlockOutcome::Unknown,
-            Outcome::UnlockFailed(_) => UnlockOutcome::UnlockFailed,
-            Outcome::NeedsPerson(..) => UnlockOutcome::NeedsPerson,
-            Outcome::WaitingForPerson => return None,
+            RecoveryOutcome::OwnerAlive => UnlockOutcome::OwnerAlive,
+            RecoveryOutcome::NothingToRelease(_) => UnlockOutcome::NothingToRelease,
+            RecoveryOutcome::Unsupported(_) => UnlockOutcome::Unsupported,
+            RecoveryOutcome::Free => UnlockOutcome::Free,
+            RecoveryOutcome::Unlocked(_) => UnlockOutcome::Unlocked,
+            RecoveryOutcome::HeldByOther(..) => UnlockOutcome::HeldByOther,
+            RecoveryOutcome::Ambiguous(..) => UnlockOutcome::Ambiguous,
+            RecoveryOutcome::Unknown(_) | RecoveryOutcome::UnknownWording(_) => {
+                UnlockOutcome::Unknown
+            }
+            RecoveryOutcome::UnlockFailed(_) => UnlockOutcome::UnlockFailed,
+            RecoveryOutcome::NeedsPerson(..) => UnlockOutcome::NeedsPerson,
+            RecoveryOutcome::WaitingForPerson => return None,
         })
     }
 }
@@ -65,11 +67,11 @@ impl Outcome {
 pub struct HelperReport {
     /// The working directory's backend type (`s3`, `kubernetes`, ...; `other` when unknown).
     pub backend: String,
-    /// [`Outcome::label`]'s text ([`UnlockOutcome::label`]).
+    /// [`RecoveryOutcome::label`]'s text ([`UnlockOutcome::label`]).
     pub outcome: String,
     /// Resources the dead run had in progress (orphan candidates).
     pub orphans: u64,
-    /// Set when the probe answered in a wording tfinit does not know ([`Outcome::UnknownWording`]).
+    /// Set when the probe answered in a wording tfinit does not know ([`RecoveryOutcome::UnknownWording`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown_wording: Option<UnknownWording>,
 }

@@ -1,7 +1,7 @@
 //! The log lines of a recovery: one per record decided, at warn with the record's every field
 //! (info when nothing was at stake), and an error when only a person can release the lock.
 
-use super::{Outcome, Recovery};
+use super::{Recovery, RecoveryOutcome};
 use crate::locks::lockinfo::LockInfo;
 use crate::locks::record::Record;
 use crate::locks::record_id::RecordId;
@@ -50,20 +50,20 @@ struct Report<'a> {
 
 impl Report<'_> {
     /// The lock was probed: the dead run's (unlocked), someone else's, or either.
-    fn lock(&self, i: &LockInfo, outcome: &Outcome) {
+    fn lock(&self, i: &LockInfo, outcome: &RecoveryOutcome) {
         let (base, hint) = (&self.base, &self.hint);
         match outcome {
-            Outcome::Unlocked(_) => warn_record!(
+            RecoveryOutcome::Unlocked(_) => warn_record!(
                 self, lock i, info = %i.info,
                 "{base}: {} its state lock {} (Who {}, Created {}){hint}",
                 if self.dry_run { "would force-unlock" } else { "force-unlocked" },
                 i.id, i.who, i.created
             ),
-            Outcome::HeldByOther(_, why) => warn_record!(
+            RecoveryOutcome::HeldByOther(_, why) => warn_record!(
                 self, lock i,
                 "{base}: the state lock is not the dead run's ({why}): left alone{hint}"
             ),
-            Outcome::Ambiguous(_, why) => warn_record!(
+            RecoveryOutcome::Ambiguous(_, why) => warn_record!(
                 self, lock i,
                 "{base}: the state lock may not be the dead run's ({why}): left alone, record kept{hint}"
             ),
@@ -87,30 +87,30 @@ impl Report<'_> {
     }
 
     /// Records removed with orphan candidates, set aside for a person, or left as they were.
-    fn untouched(&self, outcome: &Outcome) {
+    fn untouched(&self, outcome: &RecoveryOutcome) {
         let (base, hint) = (&self.base, &self.hint);
         match outcome {
-            Outcome::Free => {
+            RecoveryOutcome::Free => {
                 warn_record!(self, "{base}: the state lock is free; record removed{hint}")
             }
-            Outcome::NothingToRelease(b) => warn_record!(
+            RecoveryOutcome::NothingToRelease(b) => warn_record!(
                 self, backend = %b,
                 "{base}: the {b} backend's lock ends with its process; record removed{hint}"
             ),
-            Outcome::Unsupported(b) => warn_record!(
+            RecoveryOutcome::Unsupported(b) => warn_record!(
                 self, backend = %b,
                 "{base}: automatic recovery is not supported for the {b} backend (its force-unlock deletes any lock, whoever holds it); if terraform reports the lock held by {}, release it by hand with `terraform force-unlock`; record renamed to *.manual{hint}",
                 self.rec.who
             ),
-            Outcome::Unknown(msg) => warn_record!(
+            RecoveryOutcome::Unknown(msg) => warn_record!(
                 self, probe = %msg,
                 "{base}: could not read the state lock; nothing touched, will try again before the next run"
             ),
-            Outcome::UnknownWording(msg) => warn_record!(
+            RecoveryOutcome::UnknownWording(msg) => warn_record!(
                 self, probe = %msg,
                 "{base}: terraform answered the lock probe in a wording this tfinit does not know, so it cannot tell whether the lock is free; nothing touched, record kept. Upgrade tfinit, or report the wording with your terraform version"
             ),
-            Outcome::UnlockFailed(msg) => warn_record!(
+            RecoveryOutcome::UnlockFailed(msg) => warn_record!(
                 self, error = %msg,
                 "{base}: force-unlock failed; record kept, will try again before the next run"
             ),
@@ -135,7 +135,13 @@ impl Report<'_> {
 
 impl Recovery {
     /// Logs one outcome at warn (info when nothing was at stake), with the record's every field.
-    pub(super) fn report(&self, path: &RecordId, rec: &Record, why_dead: &str, outcome: &Outcome) {
+    pub(super) fn report(
+        &self,
+        path: &RecordId,
+        rec: &Record,
+        why_dead: &str,
+        outcome: &RecoveryOutcome,
+    ) {
         let r = Report {
             base: format!(
                 "run {} of {} ({}) `terraform {}` in {} (workspace {}) started at {} ms is over: {why_dead}",
@@ -154,15 +160,15 @@ impl Recovery {
         };
         let quiet = rec.in_progress.is_empty();
         match outcome {
-            Outcome::Unlocked(i) | Outcome::HeldByOther(i, _) | Outcome::Ambiguous(i, _) => {
-                r.lock(i, outcome)
-            }
-            Outcome::Free if quiet => r.released(None),
-            Outcome::NothingToRelease(b) if quiet => r.released(Some(b)),
-            Outcome::NeedsPerson(i, command) => r.needs_person(i, command),
-            Outcome::OwnerAlive | Outcome::WaitingForPerson => {}
+            RecoveryOutcome::Unlocked(i)
+            | RecoveryOutcome::HeldByOther(i, _)
+            | RecoveryOutcome::Ambiguous(i, _) => r.lock(i, outcome),
+            RecoveryOutcome::Free if quiet => r.released(None),
+            RecoveryOutcome::NothingToRelease(b) if quiet => r.released(Some(b)),
+            RecoveryOutcome::NeedsPerson(i, command) => r.needs_person(i, command),
+            RecoveryOutcome::OwnerAlive | RecoveryOutcome::WaitingForPerson => {}
             // The init says it, once per record (its helper runs before every run here).
-            Outcome::UnknownWording(_) if self.automatic => {}
+            RecoveryOutcome::UnknownWording(_) if self.automatic => {}
             _ => r.untouched(outcome),
         }
     }

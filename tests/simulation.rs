@@ -5,16 +5,23 @@
 //!
 //! # What runs unchanged
 //! The real `Book` (the loop's in-memory book: `begin`, `on_completion`, `tick` and its fence,
-//! `needs_recovery`, `may_launch`, `observations`, ...), `Observer` with its verdicts and its
-//! judging TTL (the owner's stated one when longer), `run_state`, `fresh_enough`,
+//! `needs_recovery`, `may_launch`, `observations`, ...), the recorder's every decision
+//! (`recorder::machine::Machine`: the order of work, the heartbeat's clock, a heartbeat before a
+//! create unless `fresh_enough`, the retries of failed closings, the opening and its retries, what
+//! a scan reads and reports; driven as src/locks/recorder/thread.rs drives it, each storage
+//! operation a timed one on the simulated volume: `recorder.rs`), `Observer` with its verdicts and
+//! its judging TTL (the owner's stated one when longer), `run_state`, `fresh_enough`,
 //! `last_alive_ms`, the store's kernel proof (`kernel_proof_with`, `same_lock_file`: device and
 //! inode), the state identity (`state::of_backend_file` on each directory's stored backend
 //! settings, `state::by_text`, `state::may_share`), `live_on_host`, the recovery's `decide`, and
 //! lockinfo's `parse_probe_of` reading what each terraform version prints. Around them, models of
-//! the code that does I/O, following it step by step: the recorder thread (recorder.rs's
-//! `Worker`), the init's loop for state-locking runs (src/init/records.rs, runs/launch.rs) and
-//! the recovery helper (recover/mod.rs's `Recovery::run`, for an init's `__recover` or a person's
-//! `tfinit recover`).
+//! the code that does I/O, following it step by step: the init's loop for state-locking runs
+//! (src/init/records.rs, runs/launch.rs: `init.rs`) and the recovery helper (recover/mod.rs's
+//! `Recovery::run`, for an init's `__recover` or a person's `tfinit recover`: `helper.rs`).
+//! Files: `world.rs` (the cluster and its state), `exec.rs` (the executor and timed volume
+//! operations), `check.rs` (the invariants), `schedule.rs` (a seed's schedule), `pods.rs`,
+//! `terraform.rs`, `backend.rs` (terraform's lock table as a helper meets it), `legacy.rs` and
+//! `legacy_recorder.rs` (the old rules).
 //!
 //! # What is modelled (tests/simulation/*.rs)
 //! - Nodes (2 or 3), each with a boot id, a monotonic clock of its own (`Instant`s made as
@@ -127,31 +134,48 @@
 //! with the guard on (docs/reliability.md, "Mutation check"). A helper that watches four TTLs
 //! must fail the progress check. A seed must replay exactly.
 
+#[path = "simulation/backend.rs"]
+mod backend;
+#[path = "simulation/check.rs"]
+mod check;
+#[path = "simulation/exec.rs"]
+mod exec;
 #[path = "simulation/helper.rs"]
 mod helper;
 #[path = "simulation/init.rs"]
 mod init;
 #[path = "simulation/legacy.rs"]
 mod legacy;
+#[path = "simulation/legacy_recorder.rs"]
+mod legacy_recorder;
+#[path = "simulation/pods.rs"]
+mod pods;
 #[path = "simulation/recorder.rs"]
 mod recorder;
 #[path = "simulation/rng.rs"]
 mod rng;
 #[path = "simulation/schedule.rs"]
 mod schedule;
+#[path = "simulation/terraform.rs"]
+mod terraform;
 #[path = "simulation/world.rs"]
 mod world;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use check::{Cause, Stats, VKind, Violation};
+use exec::{Sim, Task};
 use schedule::{Focus, Mask, Opts};
 use tfinit::mutation::{self, Guard};
-use world::{Cause, Rules, Sim, Spawn, Stats, Task, VKind, Violation};
+use world::{Rules, Spawn};
 
 /// The future of a task: an incarnation's recorder thread or a recovery helper process.
 fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
     match what {
+        Spawn::Recorder(inc) if sim.with(|w| w.cfg.rules) == Rules::Legacy => {
+            Box::pin(legacy_recorder::run(sim, inc))
+        }
         Spawn::Recorder(inc) => Box::pin(recorder::run(sim, inc)),
         Spawn::Helper(h) => Box::pin(helper::run(sim, h)),
     }

@@ -9,20 +9,20 @@
 
 use std::time::Instant;
 
-use tfinit::locks::book::{Book, Event, Launch, NewRun, Start};
-use tfinit::locks::liveness::{last_alive_ms, Facts, Observer, LONGEST_TTL};
+use tfinit::locks::book::{Event, Launch, NewRun, Start};
+use tfinit::locks::liveness::{last_alive_ms, Facts};
 use tfinit::locks::names::RunId;
-use tfinit::locks::record::{Ended, Owner, Record, FORMAT};
-use tfinit::locks::recorder::{Request, WriteError};
+use tfinit::locks::record::{Ended, Record, FORMAT};
+use tfinit::locks::recorder::Request;
 use tfinit::locks::recover::CLOCK_SKEW;
 use tfinit::locks::who::who_host;
 
+use super::check::{Obligation, CALM_OP_MAX};
 use super::helper::dir_of;
-use super::legacy;
+use super::terraform::{PState, Proc};
 use super::world::{
-    workdir_path, workspace_name, BookSide, Comp, EnvEv, Ev, Helper, Inc, Job, Life, Lock,
-    LockFile, LoopEv, Obligation, PState, Proc, RecQueue, Rules, Run, Spawn, Stored, World,
-    CALM_OP_MAX,
+    workdir_path, workspace_name, BookSide, Comp, Ev, Helper, Life, LoopEv, Rules, Run, Spawn,
+    Stored, World,
 };
 
 /// The helper's probe and unlock take at most this long (helper.rs).
@@ -322,11 +322,12 @@ impl World {
                 let id = run.id;
                 run.life = Life::Recording;
                 self.incs[inc].runs.insert(k, run);
-                self.push_job(
+                self.send_request(
                     inc,
-                    Job::Create {
+                    Request::Create {
                         run: id,
                         record: Box::new(record),
+                        env: Vec::new(),
                     },
                 );
             }
@@ -391,7 +392,7 @@ impl World {
     }
 
     /// A run that never started is over: its record is removed.
-    fn forget_record(&mut self, inc: usize, id: RunId) {
+    pub fn forget_record(&mut self, inc: usize, id: RunId) {
         let req = match &mut self.incs[inc].book {
             BookSide::New(b) => b.exited(id, None, Vec::new()),
             BookSide::Old(b) => b.exited(id, None),
@@ -401,29 +402,18 @@ impl World {
         }
     }
 
+    /// records.rs: a request to the recorder (its channel), counted while it is a write.
     fn send_request(&mut self, inc: usize, r: Request) {
-        match r {
-            Request::End { run, ended, .. } => self.push_job(inc, Job::End { run, ended }),
-            Request::Remove { run } => self.push_job(inc, Job::Remove { run }),
-            Request::Rescan => {
-                self.incs[inc].rq.rescan = true;
-                self.wake_recorder(inc);
-            }
-            Request::Heartbeat => {
-                self.incs[inc].rq.heartbeat = true;
-                self.wake_recorder(inc);
-            }
-            Request::Create { .. } | Request::Progress { .. } => {}
+        if matches!(
+            r,
+            Request::Create { .. }
+                | Request::Progress { .. }
+                | Request::End { .. }
+                | Request::Remove { .. }
+        ) {
+            self.incs[inc].writes += 1;
         }
-    }
-
-    fn push_job(&mut self, inc: usize, job: Job) {
-        let cancelled = self.incs[inc].rq.push(job);
-        let new = self.cfg.rules == Rules::New;
-        for run in cancelled {
-            let c = super::world::created(new, run, Err(WriteError::Cancelled));
-            self.send(inc, c, true);
-        }
+        self.incs[inc].requests.push(r);
         self.wake_recorder(inc);
     }
 
@@ -529,7 +519,7 @@ impl World {
         if !i.stopping || !i.runs.is_empty() {
             return;
         }
-        let t = self.now + if i.rq.is_empty() { 50 } else { 1000 };
+        let t = self.now + if i.writes == 0 { 50 } else { 1000 };
         self.at(
             t,
             Ev::Call(Box::new(move |w| {
@@ -538,398 +528,6 @@ impl World {
                 }
             })),
         );
-    }
-
-    // terraform.
-
-    fn on_proc_timer(&mut self, p: usize, gen: u32) {
-        if self.procs[p].gen != gen {
-            return;
-        }
-        match self.procs[p].state {
-            PState::Dead => {}
-            PState::Starting => {
-                let until = self.now + self.rng.range(0, 2 * self.cfg.ttl / 3);
-                self.try_lock(p, until);
-            }
-            PState::Waiting { until } => self.try_lock(p, until),
-            PState::Holding | PState::Stopping => {
-                self.release(p);
-                self.exit(p, false);
-            }
-        }
-    }
-
-    fn try_lock(&mut self, p: usize, until: u64) {
-        let key = self.procs[p].key;
-        if self.locks.contains_key(&key) {
-            if self.now >= until {
-                // "Error acquiring the state lock": exit code 1, nothing to release.
-                return self.exit(p, false);
-            }
-            self.procs[p].state = PState::Waiting { until };
-            let t = (self.now + 500).min(until);
-            let gen = self.procs[p].gen;
-            self.at(t, Ev::Proc(p, gen));
-            return;
-        }
-        let id = self.new_lock_id();
-        let inc = self.procs[p].inc;
-        let created_ms = self.wall(self.incs[inc].node);
-        self.locks.insert(
-            key,
-            Lock {
-                id,
-                who: self.procs[p].who.clone(),
-                created_ms,
-                holder: p,
-            },
-        );
-        self.holders.push(p);
-        let pr = &mut self.procs[p];
-        pr.lock = Some(id);
-        pr.state = PState::Holding;
-        let (t, gen) = (self.now + pr.work, pr.gen);
-        self.log(|| {
-            format!(
-                "terraform {p} takes lock {id} of state s{} {}",
-                key.0,
-                workspace_name(key.1)
-            )
-        });
-        self.at(t, Ev::Proc(p, gen));
-    }
-
-    fn release(&mut self, p: usize) {
-        let key = self.procs[p].key;
-        if let Some(id) = self.procs[p].lock.take() {
-            if self.locks.get(&key).is_some_and(|l| l.id == id) {
-                self.locks.remove(&key);
-            }
-        }
-    }
-
-    fn exit(&mut self, p: usize, killed: bool) {
-        let pr = &mut self.procs[p];
-        if pr.state == PState::Dead {
-            return;
-        }
-        pr.state = PState::Dead;
-        pr.killed = killed;
-        pr.died = self.now;
-        pr.gen += 1;
-        let inc = pr.inc;
-        self.holders.retain(|h| *h != p);
-        self.log(|| format!("terraform {p} {}", if killed { "killed" } else { "exits" }));
-        if self.incs[inc].alive {
-            let now = self.now;
-            self.at(now, Ev::Loop(inc, LoopEv::Reaped { proc: p }));
-        }
-    }
-
-    /// SIGTERM: it stops at once before the lock, else finishes in a while and releases the lock
-    /// (unless it ignores the signal).
-    pub fn sigterm(&mut self, p: usize) {
-        match self.procs[p].state {
-            PState::Starting | PState::Waiting { .. } => self.exit(p, false),
-            PState::Holding if !self.procs[p].stubborn => {
-                let t = self.now + self.rng.range(100, 3000);
-                let pr = &mut self.procs[p];
-                pr.state = PState::Stopping;
-                pr.gen += 1;
-                let gen = pr.gen;
-                self.at(t, Ev::Proc(p, gen));
-            }
-            _ => {}
-        }
-    }
-
-    /// SIGKILL: dead now; a lock it held stays.
-    pub fn sigkill(&mut self, p: usize) {
-        if self.procs[p].state != PState::Dead {
-            self.exit(p, true);
-        }
-    }
-
-    // Pods and containers.
-
-    /// A new incarnation of pod `pod`'s container.
-    pub fn start_inc(&mut self, pod: usize) {
-        let node = self.pods[pod].node;
-        let owner = Owner {
-            name: self.pods[pod].owner_name.clone(),
-            boot_id: self.nodes[node].boot.clone(),
-            started_ms: self.wall(node),
-            pid: 1,
-            pod_uid: Some(self.pods[pod].uid.clone()),
-            // The real init draws 32 random bits; the index of the incarnation stands for bits
-            // that never collide. The old rules had none.
-            nonce: (self.cfg.rules == Rules::New).then_some(self.incs.len() as u32),
-        };
-        let now = self.mono(node);
-        let ttl = std::time::Duration::from_millis(self.pods[pod].ttl);
-        let rt = std::time::Duration::from_millis(self.cfg.record_timeout);
-        let host = self.pods[pod].host.clone();
-        let book = match self.cfg.rules {
-            Rules::New => BookSide::New(Box::new(Book::new(
-                std::path::Path::new("/state"),
-                owner.clone(),
-                Observer::new(ttl, LONGEST_TTL),
-                rt,
-                true,
-                host.clone(),
-                now,
-            ))),
-            Rules::Legacy => BookSide::Old(Box::new(legacy::Book::new(
-                owner.clone(),
-                ttl,
-                rt,
-                host.clone(),
-                now,
-            ))),
-        };
-        let inc = self.incs.len();
-        let task = self.spawn(Spawn::Recorder(inc), Some(inc));
-        self.incs.push(Inc {
-            pod,
-            node,
-            key: owner.key(),
-            owner,
-            host,
-            ttl: self.pods[pod].ttl,
-            lock_ino: None,
-            alive: true,
-            stopping: false,
-            book,
-            inbox: Vec::new(),
-            rq: RecQueue::default(),
-            rec_task: task,
-            runs: Default::default(),
-            next_run: 1,
-            wake_at: None,
-            helpers: Vec::new(),
-            open: false,
-            seq: 0,
-            last_heartbeat: None,
-            written: Default::default(),
-            unclosed: Vec::new(),
-            next_beat: u64::MAX,
-            holds_lock: false,
-            beat_landed: None,
-            died_at: None,
-            wake_pending: None,
-            rec_idle: false,
-        });
-        self.pods[pod].inc = Some(inc);
-        let key = self.incs[inc].key.clone();
-        self.log(|| format!("pod {pod} starts incarnation {inc} ({key})"));
-    }
-
-    /// PID 1 of incarnation `inc` dies: every process of its container with it.
-    pub fn kill_inc(&mut self, inc: usize, why: &str) {
-        if !self.incs[inc].alive {
-            return;
-        }
-        let key = self.incs[inc].key.clone();
-        self.log(|| format!("incarnation {inc} ({key}) dies: {why}"));
-        self.incs[inc].alive = false;
-        self.incs[inc].died_at = Some(self.now);
-        let task = self.incs[inc].rec_task;
-        self.task_alive[task] = false;
-        for p in 0..self.procs.len() {
-            if self.procs[p].inc == inc && self.procs[p].state != PState::Dead {
-                let pr = &mut self.procs[p];
-                pr.state = PState::Dead;
-                pr.killed = true;
-                pr.died = self.now;
-                pr.gen += 1;
-                self.holders.retain(|h| *h != p);
-            }
-        }
-        for h in self.incs[inc].helpers.clone() {
-            if self.helpers[h].alive {
-                self.helpers[h].alive = false;
-                let t = self.helpers[h].task;
-                self.task_alive[t] = false;
-                self.release_recover_lock(h);
-            }
-        }
-    }
-
-    /// Environment event number `n`.
-    fn on_env(&mut self, n: usize) {
-        let ev = self.env[n].1.clone();
-        match ev {
-            EnvEv::StartPod(pod) => {
-                if !self.pods[pod].gone {
-                    self.start_inc(pod);
-                }
-            }
-            EnvEv::Request { pod, workdir, ws } => {
-                let target = self.live_inc(pod);
-                if let Some(inc) = target {
-                    let now = self.now;
-                    self.at(
-                        now,
-                        Ev::Loop(
-                            inc,
-                            LoopEv::Request {
-                                workdir,
-                                ws,
-                                observed: false,
-                            },
-                        ),
-                    );
-                }
-            }
-            EnvEv::Observe { pod, workdir, ws } => {
-                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
-                    let now = self.now;
-                    self.at(
-                        now,
-                        Ev::Loop(
-                            inc,
-                            LoopEv::Request {
-                                workdir,
-                                ws,
-                                observed: self.cfg.progress,
-                            },
-                        ),
-                    );
-                }
-            }
-            EnvEv::KillPod(pod) => {
-                self.pods[pod].gone = true;
-                if let Some(inc) = self.pods[pod].inc {
-                    self.kill_inc(inc, "pod killed (node lost)");
-                }
-            }
-            EnvEv::Restart { pod, after } => {
-                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
-                    self.kill_inc(inc, "container restart (PID 1 killed)");
-                    let t = self.now + after;
-                    self.at(
-                        t,
-                        Ev::Call(Box::new(move |w| {
-                            if !w.pods[pod].gone {
-                                w.start_inc(pod);
-                            }
-                        })),
-                    );
-                }
-            }
-            EnvEv::Terminate { pod, grace } => {
-                self.pods[pod].gone = true;
-                if let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) {
-                    self.stop_inc(inc);
-                    let t = self.now + grace;
-                    self.at(t, Ev::Hard(pod));
-                }
-            }
-            EnvEv::Oom(pod) => {
-                if let Some(inc) = self.pods[pod].inc {
-                    // Any of its terraform processes, one waiting for its lock as well.
-                    let live: Vec<usize> = (0..self.procs.len())
-                        .filter(|p| {
-                            self.procs[*p].inc == inc && self.procs[*p].state != PState::Dead
-                        })
-                        .collect();
-                    if !live.is_empty() {
-                        let p = live[self.rng.pick(live.len())];
-                        self.sigkill(p);
-                    }
-                }
-            }
-            EnvEv::ManualRecover { pod, ttl } => self.manual_recover(pod, ttl),
-            EnvEv::RestoreOwners => {
-                for f in self.store.lock_files.values_mut() {
-                    self.store.next_ino += 1;
-                    *f = LockFile {
-                        ino: self.store.next_ino,
-                        holder: None,
-                    };
-                }
-                self.log(|| {
-                    "owners/ restored from a backup: every lock file is a new, free copy".into()
-                });
-            }
-            EnvEv::Note(_) => {}
-        }
-    }
-
-    /// `tfinit recover` by hand in pod `pod`'s container, with TFINIT_OWNER_TTL `ttl`: a new
-    /// incarnation of the pod's owner name (client/control.rs `recover_all`), every record, no
-    /// watches of the init's, no live runs.
-    fn manual_recover(&mut self, pod: usize, ttl: u64) {
-        let Some(inc) = self.pods[pod].inc.filter(|i| self.incs[*i].alive) else {
-            return;
-        };
-        let node = self.incs[inc].node;
-        let me = Owner {
-            name: self.pods[pod].owner_name.clone(),
-            boot_id: self.nodes[node].boot.clone(),
-            started_ms: self.wall(node),
-            pid: 4242,
-            pod_uid: None,
-            nonce: Some(1_000_000 + self.helpers.len() as u32),
-        };
-        let h = self.helpers.len();
-        let task = self.spawn(Spawn::Helper(h), None);
-        self.helpers.push(Helper {
-            init: None,
-            node,
-            me,
-            ttl,
-            tf: self.pods[pod].tf,
-            workdir: None,
-            task,
-            alive: true,
-            live: Vec::new(),
-            started: self.now,
-        });
-        self.stats.helpers += 1;
-        self.incs[inc].helpers.push(h);
-        self.log(|| format!("tfinit recover by hand in pod {pod} (TTL {ttl} ms): helper {h}"));
-    }
-
-    /// The live, accepting incarnation of `pod`, else of any pod.
-    fn live_inc(&self, pod: usize) -> Option<usize> {
-        let ok = |i: usize| self.incs[i].alive && !self.incs[i].stopping;
-        self.pods[pod].inc.filter(|i| ok(*i)).or_else(|| {
-            let n = self.pods.len();
-            (1..n)
-                .map(|d| (pod + d) % n)
-                .find_map(|p| self.pods[p].inc.filter(|i| ok(*i)))
-        })
-    }
-
-    /// SIGTERM to the init: runs not started are refused, terraform gets SIGTERM; the init
-    /// exits when they are gone (the kubelet kills it at the end of the grace period).
-    fn stop_inc(&mut self, inc: usize) {
-        self.incs[inc].stopping = true;
-        let waiting: Vec<(u64, RunId)> = self.incs[inc]
-            .runs
-            .iter()
-            .filter(|(_, r)| matches!(r.life, Life::Awaiting { .. } | Life::Recording))
-            .map(|(k, r)| (*k, r.id))
-            .collect();
-        for (k, id) in waiting {
-            self.incs[inc].runs.remove(&k);
-            self.forget_record(inc, id);
-        }
-        let procs: Vec<usize> = self.incs[inc]
-            .runs
-            .values()
-            .filter_map(|r| match r.life {
-                Life::Running { proc } => Some(proc),
-                _ => None,
-            })
-            .collect();
-        for p in procs {
-            self.sigterm(p);
-        }
-        let now = self.now;
-        self.at(now, Ev::Loop(inc, LoopEv::Wake));
     }
 
     // Progress.

@@ -11,10 +11,10 @@
 //!   `begin` refusing a record under a stale heartbeat only while the owner already had records
 //!   (`has_records()`), and queueing creates while the store was still opening; no fence.
 //!
-//! The old recorder (no fresh-heartbeat check before a create, heartbeats read by name) and the
-//! old recovery helper (no watching, no re-check before the unlock, one listing, the live runs
-//! as they were when the helper started, no per-directory serialisation in the init) are
-//! modelled where the simulation runs them: `recorder.rs`, `helper.rs` and `init.rs`, under
+//! The old recorder (no fresh-heartbeat check before a create, heartbeats read by name) is
+//! modelled in `legacy_recorder.rs`; the old recovery helper (no watching, no re-check before the
+//! unlock, one listing, the live runs as they were when the helper started, no per-directory
+//! serialisation in the init) where the simulation runs it: `helper.rs` and `init.rs`, under
 //! `Rules::Legacy`.
 
 use std::collections::HashMap;

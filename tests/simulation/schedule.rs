@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use super::pods::EnvEv;
 use super::rng::Rng;
 use super::world::{
-    Cfg, Dir, EnvEv, Ev, Fault, FaultKind, Freeze, Ms, Node, Pod, PodKind, Rules, Tf, World,
+    Cfg, Dir, Ev, Fault, FaultKind, Freeze, Ms, Node, Pod, PodKind, Rules, Tf, World,
 };
 
 /// Options of a batch of schedules.

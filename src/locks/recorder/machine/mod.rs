@@ -1,0 +1,559 @@
+//! The recorder's decisions without its I/O (sans-IO): which storage operation comes next, from
+//! the queued requests, the clock reading and what the last operation returned. The thread in
+//! `thread.rs` performs each [`Op`] on the [`Store`](crate::locks::store::Store); the simulation
+//! (tests/simulation/recorder.rs) performs it as a timed operation on its simulated volume. Both
+//! feed the [`Outcome`] back and pass the machine's [`Out`]s to the loop, so the order of work,
+//! the heartbeat's clock, the fresh-heartbeat rule before a create and the retries of failed
+//! closings are this module's alone.
+//!
+//! One job at a time, as the thread did it: a job (the opening, a heartbeat, a record write, a
+//! rescan) is a sequence of operations; requests that arrive meanwhile wait in `arrived` and join
+//! the `Queue` (queue.rs) when the job is over, which is where the heartbeat overtakes writes and
+//! progress coalesces.
+//!
+//! Files: this one (what the machine and its drivers say to each other, the heartbeat and the
+//! opening), `write.rs` (record writes and the retries of failed closings), `scan.rs` (the scans),
+//! `tests.rs` (the machine alone, without a thread or a store).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod scan;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use scan::{Scan, ScanFor};
+use write::{Unclosed, Writing};
+
+use super::queue::{Job, Queue};
+use super::{Beat, Completion, Entry, Request, WriteError};
+use crate::locks::names::RunId;
+use crate::locks::record::{FileId, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
+use crate::locks::record_id::RecordId;
+
+/// How long the heartbeat of an owner without records is kept after it went silent.
+const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// One reading of the recorder's clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// The monotonic clock: every age and deadline of the recorder.
+    pub mono: Instant,
+    /// The wall clock, ms since the epoch: only written into heartbeats and records.
+    pub wall_ms: u64,
+}
+
+/// A storage operation for the driver to perform, then answer with the [`Outcome`] of the same
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Read our uid's passwd user name and the hostname, prepare the store (`Store::open` with
+    /// this age of stale temporary files) and, when that worked, take this incarnation's lock
+    /// file (`Store::hold_incarnation_lock`). Answer: [`Outcome::Opened`].
+    Open {
+        /// Temporary files older than this are removed.
+        stale_temp: Duration,
+    },
+    /// Write this heartbeat (`Store::write_heartbeat`). Answer: [`Outcome::Wrote`].
+    WriteHeartbeat(Heartbeat),
+    /// Set unreadable records aside (`Store::sweep`), then remove the heartbeats of incarnations
+    /// without a record silent for longer than `older_than` (`Store::prune_heartbeats`).
+    /// Answer: [`Outcome::Tidied`].
+    Tidy {
+        /// Cleaning age.
+        older_than: Duration,
+    },
+    /// List every record (`Store::list`), as [`Entry`]s of those that parse (the rest is the
+    /// opening's sweep's to report). Answer: [`Outcome::Listed`].
+    List,
+    /// Read the heartbeat of each of `owners` in turn (`Store::read_heartbeat`), each read timed
+    /// and followed by what the kernel proves of it for us (`Store::kernel_proof` on what was
+    /// read), then the heartbeats of every incarnation named `name` (`Store::heartbeats_named`),
+    /// timed. Answer: [`Outcome::Heartbeats`].
+    ReadHeartbeats {
+        /// The incarnations whose heartbeat to read, in this order.
+        owners: Vec<Owner>,
+        /// Our own name.
+        name: String,
+    },
+    /// Write this record, new or rewritten (`Store::write`). Answer: [`Outcome::Written`].
+    Write(Box<Record>),
+    /// Remove this record (`Store::remove`). Answer: [`Outcome::Removed`].
+    Remove(RecordId),
+}
+
+/// This incarnation's lock file, as [`Op::Open`] took it.
+#[derive(Debug, Clone)]
+pub enum Held {
+    /// Flocked: the descriptor every terraform run inherits (None where there is no real file,
+    /// in the simulation) and the file's device and inode.
+    File(Option<Arc<OwnedFd>>, FileId),
+    /// Not taken: the store is not on a local filesystem, or another process holds it.
+    NoFile,
+    /// Taking it failed (the driver warned): the file of an earlier try stays named.
+    Failed,
+}
+
+/// What an [`Op`] returned.
+#[derive(Debug)]
+pub enum Outcome {
+    /// [`Op::Open`].
+    Opened {
+        /// Our uid's passwd user name.
+        passwd_user: Option<String>,
+        /// The hostname.
+        host: String,
+        /// The store is prepared (and the lock file as taken), or why not.
+        result: Result<Held, String>,
+    },
+    /// [`Op::WriteHeartbeat`].
+    Wrote(io::Result<()>),
+    /// [`Op::Tidy`].
+    Tidied,
+    /// [`Op::List`].
+    Listed(Vec<Entry>),
+    /// [`Op::ReadHeartbeats`].
+    Heartbeats {
+        /// Each owner's read, in the order asked (`started`, `done`: the read's own times), with
+        /// the kernel's proof: gone, alive, or nothing proven.
+        each: Vec<(Beat, Option<bool>)>,
+        /// The heartbeats of our name.
+        named: Vec<Heartbeat>,
+        /// When that read started.
+        named_started: Instant,
+        /// When it returned.
+        named_done: Instant,
+    },
+    /// [`Op::Write`]: the record's id, or why not.
+    Written(io::Result<RecordId>),
+    /// [`Op::Remove`].
+    Removed(io::Result<()>),
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Perform this operation and answer with [`Machine::finished`].
+    Do(Op),
+    /// Nothing to do until this time (the heartbeat's) or a request.
+    Wait(Instant),
+}
+
+/// A message for the loop.
+#[derive(Debug)]
+pub enum Out {
+    /// A completion that wakes the loop (its eventfd).
+    Wake(Completion),
+    /// A completion nobody waits for (a heartbeat that went well, the table it rescanned), taken
+    /// whenever the loop next looks: an idle init then wakes once a heartbeat, not three times.
+    Quiet(Completion),
+    /// This many record write requests are done (finished, merged into another, or dropped):
+    /// the loop's count of pending writes goes down, and the loop is woken for it.
+    Done(usize),
+}
+
+/// What a heartbeat job does once its write returned.
+#[derive(Debug)]
+enum AfterBeat {
+    /// The heartbeat's own job: close what failed, then rescan.
+    Job,
+    /// A create that waits for a fresh heartbeat (how many requests it stands for).
+    Create {
+        run: RunId,
+        record: Box<Record>,
+        env: Vec<String>,
+        n: usize,
+    },
+}
+
+/// The job in progress, and the operation it waits for.
+#[derive(Debug)]
+enum Doing {
+    /// Between jobs.
+    Idle,
+    /// [`Op::Open`] in flight.
+    Opening,
+    /// The opening's first heartbeat in flight.
+    FirstBeat {
+        stamped: Instant,
+        lock: Option<Arc<OwnedFd>>,
+    },
+    /// The opening's [`Op::Tidy`] in flight.
+    Tidying {
+        beat: Instant,
+        lock: Option<Arc<OwnedFd>>,
+    },
+    /// A scan's operation in flight.
+    Scanning(Scan),
+    /// A heartbeat write in flight.
+    Beating {
+        stamped: Instant,
+        wall_ms: u64,
+        wake: bool,
+        then: AfterBeat,
+    },
+    /// A retry of a failed closing in flight: this one, then `left`; those that fail again go
+    /// to `still`.
+    Closing {
+        now: Unclosed,
+        left: VecDeque<Unclosed>,
+        still: Vec<Unclosed>,
+    },
+    /// A record write in flight, standing for `n` requests.
+    Writing { what: Writing, n: usize },
+}
+
+/// The recorder's state: what it wrote, its heartbeat, its queue, and the job in progress.
+#[derive(Debug)]
+pub struct Machine {
+    me: Owner,
+    ttl: Duration,
+    /// The store, for messages.
+    location: String,
+    open: bool,
+    passwd_user: Option<String>,
+    host: String,
+    /// Records on the volume, by run, with their last content.
+    written: HashMap<RunId, (RecordId, Record)>,
+    /// When the last heartbeat write that succeeded started.
+    last_heartbeat: Option<Instant>,
+    /// The sequence number of the last heartbeat written (or tried).
+    seq: u64,
+    /// The lock file this incarnation holds, when it holds one (said in every heartbeat).
+    lock_file: Option<FileId>,
+    /// Closings of finished runs that failed (a removal, an end-marking), tried again after every
+    /// heartbeat that lands: left alone, such a record reads as a live run of this live owner,
+    /// with its `Who`, and no recovery in its directory could release a dead run's lock there.
+    unclosed: Vec<Unclosed>,
+    /// Whether the store was tried once (later tries are retries of a failed one).
+    tried_open: bool,
+    /// The heartbeat's own clock: every TTL/3 while the store is open, whatever the loop does
+    /// (None until the first opening is over).
+    next_heartbeat: Option<Instant>,
+    queue: Queue,
+    /// Requests that came during a job, queued when it is over.
+    arrived: Vec<Request>,
+    doing: Doing,
+    /// The operation the driver is to perform next.
+    op: Option<Op>,
+    out: Vec<Out>,
+}
+
+impl Machine {
+    /// The recorder of owner `me` (heartbeat TTL `ttl`) on the store at `location`; its first
+    /// job opens the store.
+    pub fn new(me: Owner, ttl: Duration, location: String) -> Machine {
+        Machine {
+            me,
+            ttl,
+            location,
+            open: false,
+            passwd_user: None,
+            host: String::new(),
+            written: HashMap::new(),
+            last_heartbeat: None,
+            seq: 0,
+            lock_file: None,
+            unclosed: Vec::new(),
+            tried_open: false,
+            next_heartbeat: None,
+            queue: Queue::default(),
+            arrived: Vec::new(),
+            doing: Doing::Idle,
+            op: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// A request of the loop.
+    pub fn request(&mut self, r: Request) {
+        if matches!(self.doing, Doing::Idle) {
+            self.enqueue(r);
+        } else {
+            self.arrived.push(r);
+        }
+    }
+
+    /// The messages for the loop since the last call, in order.
+    pub fn take_out(&mut self) -> Vec<Out> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// What to do now (`now`: a clock reading): the next operation of the job in progress, or of
+    /// the next job, or nothing until the heartbeat is due. After [`Next::Do`], call
+    /// [`Machine::finished`] before asking again.
+    pub fn next(&mut self, now: Now) -> Next {
+        loop {
+            if let Some(op) = self.op.take() {
+                return Next::Do(op);
+            }
+            // Between jobs: everything that arrived during the last one is queued first.
+            for r in std::mem::take(&mut self.arrived) {
+                self.enqueue(r);
+            }
+            let Some(due) = self.next_heartbeat else {
+                self.begin_open();
+                continue;
+            };
+            if now.mono >= due {
+                self.next_heartbeat = Some(now.mono + self.ttl / 3);
+                if self.open {
+                    self.queue.push(Request::Heartbeat);
+                } else {
+                    // A volume that failed at start (not mounted yet, full, an NFS server away)
+                    // is tried again on the heartbeat's clock, and its records read again
+                    // meanwhile (they may keep this pod's runs from starting).
+                    self.begin_open();
+                    continue;
+                }
+            }
+            match self.queue.next() {
+                Some(job) => self.begin(job, now),
+                None => return Next::Wait(due.max(now.mono)),
+            }
+        }
+    }
+
+    /// The outcome of the operation [`Machine::next`] returned, read at `now`.
+    pub fn finished(&mut self, outcome: Outcome, now: Now) {
+        match (std::mem::replace(&mut self.doing, Doing::Idle), outcome) {
+            (
+                Doing::Opening,
+                Outcome::Opened {
+                    passwd_user,
+                    host,
+                    result,
+                },
+            ) => {
+                self.passwd_user = passwd_user;
+                self.host = host;
+                match result {
+                    Ok(held) => {
+                        let lock = match held {
+                            Held::File(fd, id) => {
+                                self.lock_file = Some(id);
+                                fd
+                            }
+                            Held::NoFile => {
+                                self.lock_file = None;
+                                None
+                            }
+                            Held::Failed => None,
+                        };
+                        // The lock first: the first heartbeat says whether it is held.
+                        let (stamped, hb) = self.stamp(now);
+                        self.doing = Doing::FirstBeat { stamped, lock };
+                        self.op = Some(Op::WriteHeartbeat(hb));
+                    }
+                    Err(e) => self.opening_failed(e, now),
+                }
+            }
+            (Doing::FirstBeat { stamped, lock }, Outcome::Wrote(result)) => match result {
+                Ok(()) => {
+                    self.last_heartbeat = Some(stamped);
+                    self.doing = Doing::Tidying {
+                        beat: stamped,
+                        lock,
+                    };
+                    // Unreadable records are set aside now, so each is reported once.
+                    self.op = Some(Op::Tidy {
+                        older_than: HEARTBEAT_RETENTION.max(self.ttl),
+                    });
+                }
+                Err(e) => self.opening_failed(e.to_string(), now),
+            },
+            (Doing::Tidying { beat, lock }, Outcome::Tidied) => {
+                let purpose = ScanFor::Opening {
+                    result: Ok(()),
+                    beat: Some(beat),
+                    lock,
+                };
+                self.begin_scan(true, purpose, now);
+            }
+            (Doing::Scanning(scan), outcome) => self.scanned(scan, outcome, now),
+            (
+                Doing::Beating {
+                    stamped,
+                    wall_ms,
+                    wake,
+                    then,
+                },
+                Outcome::Wrote(result),
+            ) => self.beaten(stamped, wall_ms, wake, then, result, now),
+            (
+                Doing::Closing {
+                    now: u,
+                    left,
+                    still,
+                },
+                Outcome::Written(result),
+            ) => {
+                self.closed(u, left, still, result.map(|_| ()));
+            }
+            (
+                Doing::Closing {
+                    now: u,
+                    left,
+                    still,
+                },
+                Outcome::Removed(result),
+            ) => {
+                self.closed(u, left, still, result);
+            }
+            (Doing::Writing { what, n }, Outcome::Written(result)) => self.wrote(what, n, result),
+            (
+                Doing::Writing {
+                    what: Writing::Remove { run, path },
+                    n,
+                },
+                Outcome::Removed(result),
+            ) => {
+                let result = result.map_err(|e| {
+                    self.unclosed.push(Unclosed::Remove { run, path });
+                    WriteError::from(e)
+                });
+                self.send(Completion::Removed { run, result });
+                self.done(n);
+            }
+            (doing, outcome) => {
+                unreachable!("the driver answered {outcome:?} while the recorder was {doing:?}")
+            }
+        }
+    }
+
+    fn enqueue(&mut self, r: Request) {
+        let (cancelled, dropped) = self.queue.push(r);
+        for run in cancelled {
+            self.send(Completion::Created {
+                run,
+                result: Err(WriteError::Cancelled),
+            });
+            self.done(1);
+        }
+        self.done(dropped);
+    }
+
+    fn send(&mut self, c: Completion) {
+        self.out.push(Out::Wake(c));
+    }
+
+    fn done(&mut self, n: usize) {
+        if n > 0 {
+            self.out.push(Out::Done(n));
+        }
+    }
+
+    /// The next heartbeat, stamped at `now`.
+    fn stamp(&mut self, now: Now) -> (Instant, Heartbeat) {
+        self.seq += 1;
+        let hb = Heartbeat {
+            v: HEARTBEAT_FORMAT,
+            owner: self.me.clone(),
+            seq: self.seq,
+            updated_ms: now.wall_ms,
+            holds_lock: self.lock_file.is_some(),
+            host: self.host.clone(),
+            ttl_ms: Some(self.ttl.as_millis() as u64),
+            lock_file: self.lock_file,
+        };
+        (now.mono, hb)
+    }
+
+    fn begin_open(&mut self) {
+        self.doing = Doing::Opening;
+        self.op = Some(Op::Open {
+            stale_temp: self.ttl,
+        });
+    }
+
+    /// What can still be read of a store that did not open: records of earlier runs with this
+    /// pod's Who keep its runs in their directories from starting while it cannot write
+    /// (locks::book, "shadow").
+    fn opening_failed(&mut self, error: String, now: Now) {
+        let purpose = ScanFor::Opening {
+            result: Err(error),
+            beat: None,
+            lock: None,
+        };
+        self.begin_scan(false, purpose, now);
+    }
+
+    fn begin(&mut self, job: Job, now: Now) {
+        match job {
+            Job::Heartbeat if !self.open => self.send(Completion::Heartbeat {
+                result: Err(WriteError::NotOpen),
+                stamped: now.mono,
+                wall_ms: now.wall_ms,
+            }),
+            Job::Heartbeat => {
+                // A failure may matter at once, and so does a success after a gap the loop may
+                // have called stale (it says "written again" and records resume); an on-time
+                // success only changes an age the loop reads when it needs it.
+                let late = self
+                    .last_heartbeat
+                    .is_none_or(|t| now.mono.saturating_duration_since(t) > self.ttl / 2);
+                self.begin_beat(late, AfterBeat::Job, now);
+            }
+            Job::Rescan if self.open => self.begin_scan(true, ScanFor::Rescan, now),
+            Job::Rescan => {}
+            Job::Write(w, n) => self.begin_write(w, n, now),
+        }
+    }
+
+    fn begin_beat(&mut self, wake: bool, then: AfterBeat, now: Now) {
+        let (stamped, hb) = self.stamp(now);
+        self.doing = Doing::Beating {
+            stamped,
+            wall_ms: now.wall_ms,
+            wake,
+            then,
+        };
+        self.op = Some(Op::WriteHeartbeat(hb));
+    }
+
+    fn beaten(
+        &mut self,
+        stamped: Instant,
+        wall_ms: u64,
+        wake: bool,
+        then: AfterBeat,
+        result: io::Result<()>,
+        now: Now,
+    ) {
+        let ok = result.is_ok();
+        if ok {
+            self.last_heartbeat = Some(stamped);
+        }
+        let done = Completion::Heartbeat {
+            result: result.map_err(WriteError::from),
+            stamped,
+            wall_ms,
+        };
+        if ok && !wake {
+            self.out.push(Out::Quiet(done));
+        } else {
+            self.send(done);
+        }
+        match then {
+            AfterBeat::Job if ok => self.close_again(),
+            AfterBeat::Job => {}
+            AfterBeat::Create { run, n, .. } if !ok => {
+                self.send(Completion::Created {
+                    run,
+                    result: Err(WriteError::NoHeartbeat),
+                });
+                self.done(n);
+            }
+            AfterBeat::Create {
+                run,
+                record,
+                env,
+                n,
+            } => self.write_create(run, record, &env, n, now),
+        }
+    }
+}

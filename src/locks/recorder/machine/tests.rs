@@ -1,0 +1,259 @@
+//! The machine alone, without a thread or a store: each decision from a clock reading and the
+//! outcomes fed back.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::{Held, Machine, Next, Now, Op, Out, Outcome};
+use crate::locks::names::RunId;
+use crate::locks::recorder::tests::{me, record};
+use crate::locks::recorder::{Completion, Request, WriteError};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn at(t0: Instant, ms: u64) -> Now {
+    Now {
+        mono: t0 + Duration::from_millis(ms),
+        wall_ms: 1_000_000 + ms,
+    }
+}
+
+/// A machine whose store opened at `t0` (no records), with its messages taken.
+fn opened(t0: Instant) -> Machine {
+    let mut m = Machine::new(me(), TTL, "test".into());
+    let now = at(t0, 0);
+    assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+    m.finished(
+        Outcome::Opened {
+            passwd_user: None,
+            host: "h".into(),
+            result: Ok(Held::NoFile),
+        },
+        now,
+    );
+    assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
+    m.finished(Outcome::Wrote(Ok(())), now);
+    assert!(matches!(m.next(now), Next::Do(Op::Tidy { .. })));
+    m.finished(Outcome::Tidied, now);
+    assert_eq!(m.next(now), Next::Do(Op::List));
+    m.finished(Outcome::Listed(Vec::new()), now);
+    assert_eq!(
+        m.next(now),
+        Next::Do(Op::ReadHeartbeats {
+            owners: Vec::new(),
+            name: "pod-a".into()
+        })
+    );
+    m.finished(
+        Outcome::Heartbeats {
+            each: Vec::new(),
+            named: Vec::new(),
+            named_started: now.mono,
+            named_done: now.mono,
+        },
+        now,
+    );
+    let out = m.take_out();
+    assert!(
+        matches!(
+            &out[..],
+            [Out::Wake(Completion::Opened { result: Ok(()), .. })]
+        ),
+        "{out:?}"
+    );
+    m
+}
+
+#[test]
+fn the_first_job_opens_the_store_and_the_heartbeat_follows_every_third_of_the_ttl() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    assert_eq!(m.next(at(t0, 1)), Next::Wait(t0 + TTL / 3));
+    let Next::Do(Op::WriteHeartbeat(hb)) = m.next(at(t0, 10_000)) else {
+        panic!("the heartbeat is due");
+    };
+    assert_eq!(
+        (hb.seq, hb.updated_ms, hb.host.as_str()),
+        (2, 1_010_000, "h")
+    );
+}
+
+#[test]
+fn a_create_under_a_stale_heartbeat_waits_for_a_new_one_and_fails_without_it() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    // 11 s after the last heartbeat that landed: older than TTL/3.
+    let later = at(t0, 11_000);
+    let mut ops = Vec::new();
+    // The heartbeat's own job comes first (it is due too), and fails.
+    while let Next::Do(op) = m.next(later) {
+        ops.push(op.clone());
+        match op {
+            Op::WriteHeartbeat(_) => {
+                m.finished(Outcome::Wrote(Err(io::Error::other("full"))), later);
+            }
+            other => panic!("nothing but heartbeats is written: {other:?}"),
+        }
+    }
+    assert_eq!(ops.len(), 2, "{ops:?}");
+    let created: Vec<_> = m
+        .take_out()
+        .into_iter()
+        .filter_map(|o| match o {
+            Out::Wake(Completion::Created { result, .. }) => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, [Err(WriteError::NoHeartbeat)]);
+}
+
+#[test]
+fn a_create_under_a_fresh_heartbeat_is_written_at_once_with_its_who() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: vec!["USER=bob".into(), "HOME=/home/bob".into()],
+    });
+    let Next::Do(Op::Write(rec)) = m.next(at(t0, 5)) else {
+        panic!("the create is written");
+    };
+    assert_eq!((rec.who.as_str(), rec.updated_ms), ("bob@h", 1_000_005));
+}
+
+/// The first operation of a create asked for at 15 s, the heartbeat of 10 s having failed (so
+/// the last one that landed, at 0 s, is older than TTL/3, while the next is due only at 20 s).
+fn create_after_a_failed_heartbeat() -> Op {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    assert!(matches!(
+        m.next(at(t0, 10_000)),
+        Next::Do(Op::WriteHeartbeat(_))
+    ));
+    m.finished(
+        Outcome::Wrote(Err(io::Error::other("full"))),
+        at(t0, 10_000),
+    );
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    let Next::Do(op) = m.next(at(t0, 15_000)) else {
+        panic!("a job");
+    };
+    op
+}
+
+#[test]
+fn a_create_after_a_failed_heartbeat_tries_a_heartbeat_first() {
+    assert!(matches!(
+        create_after_a_failed_heartbeat(),
+        Op::WriteHeartbeat(_)
+    ));
+}
+
+#[cfg(feature = "mutation")]
+#[test]
+fn with_the_fresh_heartbeat_guard_off_a_create_follows_a_stale_heartbeat() {
+    let _off = crate::mutation::disable(crate::mutation::Guard::FreshHeartbeat);
+    assert!(matches!(create_after_a_failed_heartbeat(), Op::Write(_)));
+}
+
+#[test]
+fn a_failed_removal_is_tried_again_after_the_next_heartbeat_that_lands() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    let now = at(t0, 1);
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    assert!(matches!(m.next(now), Next::Do(Op::Write(_))));
+    m.finished(Outcome::Written(Ok("r1".into())), now);
+    m.request(Request::Remove {
+        run: RunId::from(1),
+    });
+    assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
+    m.finished(Outcome::Removed(Err(io::Error::other("EIO"))), now);
+    m.take_out();
+    m.request(Request::Heartbeat);
+    assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
+    m.finished(Outcome::Wrote(Ok(())), now);
+    assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
+    m.finished(Outcome::Removed(Ok(())), now);
+    let out = m.take_out();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Out::Wake(Completion::Removed { result: Ok(()), .. }))),
+        "{out:?}"
+    );
+    // Then the rescan the heartbeat asks for.
+    assert_eq!(m.next(now), Next::Do(Op::List));
+}
+
+#[test]
+fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbeats_clock() {
+    let t0 = Instant::now();
+    let mut m = Machine::new(me(), TTL, "test".into());
+    let fail = |m: &mut Machine, now: Now| {
+        assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+        m.finished(
+            Outcome::Opened {
+                passwd_user: None,
+                host: "h".into(),
+                result: Err("read-only file system".into()),
+            },
+            now,
+        );
+        // What can still be read: the records alone, no heartbeat.
+        assert_eq!(m.next(now), Next::Do(Op::List));
+        m.finished(Outcome::Listed(Vec::new()), now);
+        m.take_out()
+    };
+    let first = fail(&mut m, at(t0, 0));
+    assert!(
+        matches!(
+            &first[..],
+            [Out::Wake(Completion::Opened {
+                result: Err(_),
+                table: Some(_),
+                ..
+            })]
+        ),
+        "{first:?}"
+    );
+    // Nothing is written meanwhile; a create is refused at once.
+    m.request(Request::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    assert_eq!(m.next(at(t0, 1)), Next::Wait(t0 + TTL / 3));
+    assert!(matches!(
+        &m.take_out()[..],
+        [
+            Out::Wake(Completion::Created {
+                result: Err(WriteError::NotOpen),
+                ..
+            }),
+            Out::Done(1)
+        ]
+    ));
+    // Another failure is news nobody waits for.
+    let again = fail(&mut m, at(t0, 10_000));
+    assert!(
+        matches!(
+            &again[..],
+            [Out::Quiet(Completion::Opened { result: Err(_), .. })]
+        ),
+        "{again:?}"
+    );
+}

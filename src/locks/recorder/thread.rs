@@ -1,0 +1,282 @@
+//! The recorder thread: the loop's handle on it ([`Recorder`]), the channels and the eventfd
+//! between them, and the thread itself, which performs each storage operation the [`Machine`]
+//! asks for on the [`Store`] and hands its completions to the loop.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::machine::{Held, Machine, Next, Now, Op, Out, Outcome};
+use super::{Beat, Completion, Entry, Gone, Request};
+use crate::locks::record::{now_ms, Found, Owner};
+use crate::locks::store::Store;
+use crate::locks::who::passwd_user;
+
+/// The loop's handle on the recorder thread.
+#[derive(Debug)]
+pub struct Recorder {
+    requests: Sender<Request>,
+    completions: Receiver<Completion>,
+    ready: Arc<EventFd>,
+    /// Record writes (create, progress, end, remove) asked for and not finished.
+    writes: Arc<AtomicUsize>,
+}
+
+impl Recorder {
+    /// Starts the recorder on `store` for owner `me` (heartbeat TTL `ttl`); it opens the store
+    /// first and reports [`Completion::Opened`]. Fails only when the eventfd or the thread cannot
+    /// be created.
+    pub fn start(store: Box<dyn Store>, me: Owner, ttl: Duration) -> io::Result<Recorder> {
+        let ready = Arc::new(
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(io::Error::from)?,
+        );
+        let (requests, inbox) = mpsc::channel();
+        let (outbox, completions) = mpsc::channel();
+        let writes = Arc::new(AtomicUsize::new(0));
+        let machine = Machine::new(me.clone(), ttl, store.location());
+        let out = Outbox {
+            tx: outbox,
+            ready: Arc::clone(&ready),
+            writes: Arc::clone(&writes),
+        };
+        std::thread::Builder::new()
+            .name("tfinit-recorder".into())
+            .spawn(move || serve(&*store, &me, machine, &inbox, &out))?;
+        Ok(Recorder {
+            requests,
+            completions,
+            ready,
+            writes,
+        })
+    }
+
+    /// The descriptor to register in epoll (readable when completions are waiting).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.ready.as_fd()
+    }
+
+    /// Queues `request`; never blocks.
+    pub fn send(&self, request: Request) -> Result<(), Gone> {
+        let write = is_write(&request);
+        if write {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        self.requests.send(request).map_err(|_| {
+            if write {
+                self.writes.fetch_sub(1, Ordering::SeqCst);
+            }
+            Gone
+        })
+    }
+
+    /// Every completion waiting (resets the eventfd first, so none is missed); never blocks.
+    pub fn take_completions(&self) -> Vec<Completion> {
+        // EAGAIN: nothing was signalled, but a completion may still be in the channel.
+        let _ = self.ready.read();
+        self.completions.try_iter().collect()
+    }
+
+    /// How many record writes are queued or in flight.
+    pub fn writes_pending(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// At exit: waits until no record write is queued or in flight, or until `deadline`
+    /// (the caller passes now + min(1 s, time left)). Returns the completions that came in and
+    /// whether every write finished. Blocks: only for the very end, after every child is gone.
+    pub fn wait_idle(&self, deadline: Instant) -> (Vec<Completion>, bool) {
+        let mut out = Vec::new();
+        loop {
+            out.extend(self.take_completions());
+            if self.writes_pending() == 0 {
+                return (out, true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return (out, false);
+            }
+            let left = (deadline - now).min(Duration::from_millis(100));
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(100);
+            let mut fds = [nix::poll::PollFd::new(
+                self.ready.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            // EINTR or an error: the loop above re-checks the deadline.
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
+        }
+    }
+}
+
+fn is_write(r: &Request) -> bool {
+    matches!(
+        r,
+        Request::Create { .. }
+            | Request::Progress { .. }
+            | Request::End { .. }
+            | Request::Remove { .. }
+    )
+}
+
+/// The thread's side of the completion channel.
+struct Outbox {
+    tx: Sender<Completion>,
+    ready: Arc<EventFd>,
+    writes: Arc<AtomicUsize>,
+}
+
+impl Outbox {
+    fn send(&self, c: Completion) {
+        // The loop is gone only when the init exits: nobody to tell.
+        let _ = self.tx.send(c);
+        let _ = self.ready.write(1);
+    }
+
+    /// Queues `c` without waking the loop: news nobody waits for (a heartbeat that went well, the
+    /// table it rescanned), taken whenever the loop next looks (each wake-up, `status`, a
+    /// decision about records). An idle init then wakes once a heartbeat, here, not three times.
+    fn send_quietly(&self, c: Completion) {
+        let _ = self.tx.send(c);
+    }
+
+    /// `n` record write requests are done (finished, merged into another, or dropped). Signals
+    /// the loop after the count dropped, so [`Recorder::wait_idle`] wakes up for it.
+    fn done(&self, n: usize) {
+        if n > 0 {
+            self.writes.fetch_sub(n, Ordering::SeqCst);
+            let _ = self.ready.write(1);
+        }
+    }
+}
+
+impl Outbox {
+    /// Passes on what the machine has for the loop.
+    fn flush(&self, machine: &mut Machine) {
+        for o in machine.take_out() {
+            match o {
+                Out::Wake(c) => self.send(c),
+                Out::Quiet(c) => self.send_quietly(c),
+                Out::Done(n) => self.done(n),
+            }
+        }
+    }
+}
+
+/// The thread: the machine's operations on the store, one at a time, until the loop drops its
+/// handle (the init is exiting).
+fn serve(
+    store: &dyn Store,
+    me: &Owner,
+    mut machine: Machine,
+    inbox: &Receiver<Request>,
+    out: &Outbox,
+) {
+    loop {
+        for r in inbox.try_iter() {
+            machine.request(r);
+        }
+        // What came of the requests, or of a job that needed no storage, goes out before the
+        // operation or the wait.
+        let next = machine.next(now());
+        out.flush(&mut machine);
+        match next {
+            Next::Do(op) => {
+                let outcome = perform(store, me, op);
+                machine.finished(outcome, now());
+            }
+            Next::Wait(until) => {
+                match inbox.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(r) => machine.request(r),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        }
+        out.flush(&mut machine);
+    }
+}
+
+fn now() -> Now {
+    Now {
+        mono: Instant::now(),
+        wall_ms: now_ms(),
+    }
+}
+
+/// Does `op` on `store` for owner `me`.
+fn perform(store: &dyn Store, me: &Owner, op: Op) -> Outcome {
+    match op {
+        Op::Open { stale_temp } => {
+            let passwd_user = passwd_user();
+            let host = crate::sys::hostname();
+            let result = store
+                .open(stale_temp)
+                .map(|()| match store.hold_incarnation_lock(me) {
+                    Ok(Some((fd, id))) => Held::File(Some(Arc::new(fd)), id),
+                    Ok(None) => Held::NoFile,
+                    Err(e) => {
+                        tracing::warn!(
+                            state_dir = %store.location(), error = %e,
+                            "cannot take this incarnation's lock file: records are written, but after a container restart they are recovered only once this owner has been watched dead for TFINIT_OWNER_TTL"
+                        );
+                        Held::Failed
+                    }
+                })
+                .map_err(|e| e.to_string());
+            Outcome::Opened {
+                passwd_user,
+                host,
+                result,
+            }
+        }
+        Op::WriteHeartbeat(hb) => Outcome::Wrote(store.write_heartbeat(&hb)),
+        Op::Tidy { older_than } => {
+            let records: Vec<_> = store.sweep().into_iter().map(|(_, r)| r).collect();
+            store.prune_heartbeats(&records, me, older_than);
+            Outcome::Tidied
+        }
+        Op::List => Outcome::Listed(
+            store
+                .list()
+                .into_iter()
+                .filter_map(|f| match f {
+                    Found::Record(path, rec) => Some(Entry::of(path, &rec)),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Op::ReadHeartbeats { owners, name } => {
+            let each = owners
+                .into_iter()
+                .map(|owner| {
+                    let started = Instant::now();
+                    let heartbeat = store.read_heartbeat(&owner);
+                    let done = Instant::now();
+                    let proof = store.kernel_proof(me, &owner, heartbeat.as_ref());
+                    let beat = Beat {
+                        owner,
+                        heartbeat,
+                        started,
+                        done,
+                    };
+                    (beat, proof)
+                })
+                .collect();
+            let named_started = Instant::now();
+            let named = store.heartbeats_named(&name);
+            Outcome::Heartbeats {
+                each,
+                named,
+                named_started,
+                named_done: Instant::now(),
+            }
+        }
+        Op::Write(record) => Outcome::Written(store.write(&record)),
+        Op::Remove(path) => Outcome::Removed(store.remove(&path)),
+    }
+}

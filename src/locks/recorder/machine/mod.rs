@@ -94,7 +94,7 @@ pub enum Held {
     File(Option<Arc<OwnedFd>>, FileId),
     /// Not taken: the store is not on a local filesystem, or another process holds it.
     NoFile,
-    /// Taking it failed (the driver warned): the file of an earlier try stays named.
+    /// Taking it failed (the driver warned): no file is named as held.
     Failed,
 }
 
@@ -342,7 +342,13 @@ impl Machine {
                                 self.lock_file = None;
                                 None
                             }
-                            Held::Failed => None,
+                            // No descriptor of this try holds a file: naming the file of an
+                            // earlier try (its descriptor dropped with that try's failure)
+                            // would let the kernel's proof take this live owner for gone.
+                            Held::Failed => {
+                                self.lock_file = None;
+                                None
+                            }
                         };
                         // The lock first: the first heartbeat says whether it is held.
                         let (stamped, hb) = self.stamp(now);
@@ -474,6 +480,9 @@ impl Machine {
     /// pod's Who keep its runs in their directories from starting while it cannot write
     /// (locks::book, "shadow").
     fn opening_failed(&mut self, error: String, now: Now) {
+        // The lock file's descriptor of this try is dropped with it: no heartbeat may name the
+        // file as held any more.
+        self.lock_file = None;
         let purpose = ScanFor::Opening {
             result: Err(error),
             beat: None,

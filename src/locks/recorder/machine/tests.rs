@@ -257,3 +257,66 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
         "{again:?}"
     );
 }
+
+/// A heartbeat names the incarnation's lock file as held only while a descriptor of this very
+/// try holds it: the first try took it and its first heartbeat failed (the descriptor dropped
+/// with the try); the retry could not take it. The retry's heartbeat must not name the first
+/// try's file, whose free flock would prove this live owner gone to a pod on the same node.
+#[test]
+fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
+    let t0 = Instant::now();
+    let mut m = Machine::new(me(), TTL, "test".into());
+    let now = at(t0, 0);
+    assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+    let id = crate::protocol::FileId { dev: 7, ino: 42 };
+    m.finished(
+        Outcome::Opened {
+            passwd_user: None,
+            host: "h".into(),
+            result: Ok(Held::File(None, id)),
+        },
+        now,
+    );
+    let Next::Do(Op::WriteHeartbeat(first)) = m.next(now) else {
+        panic!("the first heartbeat follows the opening");
+    };
+    assert!(first.holds_lock && first.lock_file == Some(id), "{first:?}");
+    m.finished(Outcome::Wrote(Err(io::Error::other("volume away"))), now);
+    // The failed opening's scan, then the retry on the heartbeat's clock.
+    let mut t = 0;
+    let retry = loop {
+        t += 1_000;
+        assert!(
+            t < 60_000,
+            "the opening is tried again within two heartbeat periods"
+        );
+        match m.next(at(t0, t)) {
+            Next::Do(Op::Open { .. }) => break at(t0, t),
+            Next::Do(Op::List) => m.finished(Outcome::Listed(Vec::new()), at(t0, t)),
+            Next::Do(Op::ReadHeartbeats { .. }) => m.finished(
+                Outcome::Heartbeats {
+                    each: Vec::new(),
+                    named: Vec::new(),
+                    named_started: at(t0, t).mono,
+                    named_done: at(t0, t).mono,
+                },
+                at(t0, t),
+            ),
+            Next::Do(op) => panic!("unexpected {op:?}"),
+            Next::Wait(_) => {}
+        }
+    };
+    m.finished(
+        Outcome::Opened {
+            passwd_user: None,
+            host: "h".into(),
+            result: Ok(Held::Failed),
+        },
+        retry,
+    );
+    let Next::Do(Op::WriteHeartbeat(hb)) = m.next(retry) else {
+        panic!("the retry's first heartbeat");
+    };
+    assert!(!hb.holds_lock, "{hb:?}");
+    assert_eq!(hb.lock_file, None, "{hb:?}");
+}

@@ -113,6 +113,11 @@ pub struct InitArgs {
     #[arg(long, env = "TFINIT_FORCE_UNLOCK", value_name = "auto|off", value_parser = text())]
     pub force_unlock: Option<String>,
 
+    /// Where lock-owner records live: `auto` (Leases of the pod's namespace when its service
+    /// account may list them, else TFINIT_STATE_DIR), `kubernetes` or `file`. Default auto.
+    #[arg(long, env = "TFINIT_STORE", value_name = "auto|kubernetes|file", value_parser = text())]
+    pub store: Option<String>,
+
     /// Serve Prometheus metrics at `GET /metrics` on this address, e.g. `:9102`. Default: off.
     #[arg(long, env = "TFINIT_METRICS_ADDR", value_name = "[HOST]:PORT", value_parser = text())]
     pub metrics_addr: Option<String>,

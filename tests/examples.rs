@@ -12,10 +12,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
+use common::dockerfile::dockerfile;
 use common::{deps, repo, require};
 use serde_json::Value;
 use tfinit::cli::{Cli, Command as Sub, InitArgs};
-use tfinit::config::InitConfig;
+use tfinit::config::{InitConfig, StoreSetting};
 use tfinit::duration::parse_duration;
 
 /// Room between tfinit's deadline and the kubelet's SIGKILL: the preStop hook's start, the
@@ -231,6 +232,7 @@ fn check_workload(
         log_format: value("TFINIT_LOG_FORMAT"),
         run_dir: value("TFINIT_RUN_DIR").map(PathBuf::from),
         state_dir: value("TFINIT_STATE_DIR").map(PathBuf::from),
+        store: value("TFINIT_STORE"),
         owner: value("TFINIT_OWNER"),
         owner_ttl: value("TFINIT_OWNER_TTL"),
         older_owner_ttl: value("TFINIT_OLDER_OWNER_TTL"),
@@ -242,12 +244,23 @@ fn check_workload(
     ensure!(odd.is_empty(), "{ctx}: tfinit needs values: {odd:?}");
     let cfg = InitConfig::from_args(&args, None)
         .map_err(|e| format!("{ctx}: tfinit refuses its settings: {e}"))?;
-    for k in [
-        "TFINIT_GRACE_PERIOD",
-        "TFINIT_STOP_TIMEOUT",
-        "TFINIT_STATE_DIR",
-        "TFINIT_OWNER_TTL",
-    ] {
+    // Records in files need TFINIT_STATE_DIR on a volume; in Leases (auto, kubernetes) no volume.
+    let files = cfg.store == StoreSetting::File;
+    let required: &[&str] = if files {
+        &[
+            "TFINIT_GRACE_PERIOD",
+            "TFINIT_STOP_TIMEOUT",
+            "TFINIT_STATE_DIR",
+            "TFINIT_OWNER_TTL",
+        ]
+    } else {
+        &[
+            "TFINIT_GRACE_PERIOD",
+            "TFINIT_STOP_TIMEOUT",
+            "TFINIT_OWNER_TTL",
+        ]
+    };
+    for &k in required {
         ensure!(
             env.contains_key(k),
             "{ctx}: set {k} explicitly (its default does not fit runs of minutes)"
@@ -267,20 +280,90 @@ fn check_workload(
         "{ctx}: TFINIT_POD_UID (or POD_UID) must come from metadata.uid"
     );
 
-    // The state directory is a mounted volume of the pod.
+    // The state directory is a mounted volume of the pod; with the Lease store, the service
+    // account may manage Leases (Crossplane's providers may already).
     let mounts = container["volumeMounts"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     let mount = mounts
         .iter()
-        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(cfg.state_dir.as_path()))
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(cfg.state_dir.as_path()));
+    if !files && mount.is_none() {
+        if kind == "Deployment" {
+            may_manage_leases(&ctx, pod, file_docs)?;
+        }
+    } else {
+        check_state_volume(&ctx, kind, pod, mount, &cfg, file_docs)?;
+    }
+    check_hook_and_budget(&ctx, pod, container, command, &cfg)
+}
+
+/// The Role rule the Lease store needs (tfinit::kube::ROLE_RULE), bound to the pod's service
+/// account by a RoleBinding, all in the example's file.
+fn may_manage_leases(ctx: &str, pod: &Value, file_docs: &[Value]) -> Result<(), String> {
+    let sa = pod["serviceAccountName"]
+        .as_str()
+        .ok_or_else(|| format!("{ctx}: the Lease store needs the pod's serviceAccountName"))?;
+    let verbs = ["get", "list", "create", "update", "delete"];
+    let role = file_docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Role"
+                && d["rules"].as_array().into_iter().flatten().any(|r| {
+                    strings(&r["apiGroups"])
+                        .iter()
+                        .any(|g| g == "coordination.k8s.io")
+                        && strings(&r["resources"]).iter().any(|x| x == "leases")
+                        && verbs
+                            .iter()
+                            .all(|v| strings(&r["verbs"]).iter().any(|x| x == v))
+                })
+        })
         .ok_or_else(|| {
             format!(
-                "{ctx}: nothing is mounted at TFINIT_STATE_DIR={:?}",
-                cfg.state_dir
+                "{ctx}: no Role in the file with the rule {}",
+                tfinit::kube::ROLE_RULE
             )
         })?;
+    let bound = file_docs.iter().any(|d| {
+        d["kind"] == "RoleBinding"
+            && d["roleRef"]["kind"] == "Role"
+            && d["roleRef"]["name"] == role["metadata"]["name"]
+            && d["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa)
+    });
+    ensure!(
+        bound,
+        "{ctx}: no RoleBinding binds the Role to the service account {sa}"
+    );
+    ensure!(
+        file_docs
+            .iter()
+            .any(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == sa),
+        "{ctx}: the ServiceAccount {sa} is not in the file"
+    );
+    Ok(())
+}
+
+/// TFINIT_STATE_DIR is a writable volume of the pod (`mount`: what is mounted there).
+fn check_state_volume(
+    ctx: &str,
+    kind: &str,
+    pod: &Value,
+    mount: Option<&Value>,
+    cfg: &InitConfig,
+    file_docs: &[Value],
+) -> Result<(), String> {
+    let mount = mount.ok_or_else(|| {
+        format!(
+            "{ctx}: nothing is mounted at TFINIT_STATE_DIR={:?}",
+            cfg.state_dir
+        )
+    })?;
     ensure!(
         mount["readOnly"] != true,
         "{ctx}: the state volume must be writable"
@@ -322,7 +405,17 @@ fn check_workload(
             "{ctx}: the state volume is an emptyDir or a PVC"
         );
     }
+    Ok(())
+}
 
+/// The preStop hook and the shutdown budget of the workload running `command`.
+fn check_hook_and_budget(
+    ctx: &str,
+    pod: &Value,
+    container: &Value,
+    command: Vec<String>,
+    cfg: &InitConfig,
+) -> Result<(), String> {
     // The preStop hook drains with a timeout, with the same binary.
     let hook = strings(&container["lifecycle"]["preStop"]["exec"]["command"]);
     ensure_eq!(
@@ -551,64 +644,38 @@ fn the_examples_check_rejects_a_broken_budget_variable_command_volume_owner_or_h
     }
 }
 
-// ----- the Dockerfile ----------------------------------------------------------------------------
-
-/// The Dockerfile as stages of instructions (continuation lines joined, comments dropped).
-struct Dockerfile {
-    /// Instructions before the first FROM.
-    globals: Vec<String>,
-    /// (name, FROM argument, instructions), in order.
-    stages: Vec<(String, String, Vec<String>)>,
-}
-
-impl Dockerfile {
-    fn stage(&self, name: &str) -> &[String] {
-        &self
-            .stages
-            .iter()
-            .find(|s| s.0 == name)
-            .unwrap_or_else(|| panic!("the Dockerfile has no stage {name}"))
-            .2
-    }
-}
-
-fn dockerfile() -> Dockerfile {
-    let text = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
-    let mut lines = Vec::new();
-    let mut cur = String::new();
-    for l in text.lines() {
-        let t = l.trim();
-        if t.starts_with('#') || (t.is_empty() && cur.is_empty()) {
-            continue;
-        }
-        if let Some(head) = t.strip_suffix('\\') {
-            cur.push_str(head.trim());
-            cur.push(' ');
-        } else {
-            cur.push_str(t);
-            lines.push(cur.split_whitespace().collect::<Vec<_>>().join(" "));
-            cur.clear();
-        }
-    }
-    let mut df = Dockerfile {
-        globals: Vec::new(),
-        stages: Vec::new(),
+#[test]
+fn a_lease_store_deployment_without_its_role_or_binding_is_rejected() {
+    let Some(py) = python_with_yaml() else {
+        require(
+            false,
+            "PyYAML in .test-deps/venv (scripts/install-test-deps.sh)",
+        );
+        return;
     };
-    for l in lines {
-        if let Some(from) = l.strip_prefix("FROM ") {
-            let (base, name) = match from.split_once(" AS ") {
-                Some((b, n)) => (b.to_string(), n.to_string()),
-                None => (from.to_string(), String::new()),
-            };
-            df.stages.push((name, base, Vec::new()));
-        } else if let Some(s) = df.stages.last_mut() {
-            s.2.push(l);
-        } else {
-            df.globals.push(l);
-        }
+    let docs = yaml_docs(
+        &py,
+        &repo().join("examples/kubernetes/deployment-leases.yaml"),
+    );
+    let check = |docs: &[Value]| {
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let pod = &d["spec"]["template"]["spec"];
+        check_workload("mutated", "Deployment", pod, &pod["containers"][0], docs)
+    };
+    assert_eq!(check(&docs), Ok(()), "the unchanged example");
+    for (what, drop) in [("the Role", "Role"), ("the RoleBinding", "RoleBinding")] {
+        let without: Vec<Value> = docs.iter().filter(|d| d["kind"] != drop).cloned().collect();
+        assert!(check(&without).is_err(), "without {what}");
     }
-    df
+    let mut fewer = docs.clone();
+    for d in fewer.iter_mut().filter(|d| d["kind"] == "Role") {
+        d["rules"][0]["verbs"] = serde_json::json!(["get", "list"]);
+    }
+    let e = check(&fewer).unwrap_err();
+    assert!(e.contains("no Role in the file with the rule"), "{e}");
 }
+
+// ----- the Dockerfile ----------------------------------------------------------------------------
 
 #[test]
 fn the_dockerfile_builds_on_base_image_with_tfinit_as_entrypoint_and_the_shim_first_on_path() {

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -17,79 +16,13 @@ use tfinit::kube::{
     RetryPolicy, ROLE_RULE, SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR_VAR,
 };
 
-use common::apiserver::{self, ApiServer};
-use common::pki::{self, Pki};
+use common::apiserver::ApiServer;
+use common::kube_cluster::{have_deps, Cluster, DEADLINES, NS};
+use common::pki::Pki;
 use common::TempDir;
-
-/// The pod's namespace.
-const NS: &str = "tfinit";
-
-/// The deadlines of the clients of these tests (short: a hung server costs the test this).
-const DEADLINES: Deadlines = Deadlines {
-    connect: Duration::from_secs(2),
-    request: Duration::from_secs(3),
-};
 
 /// The labels the list tests select on.
 const MANAGED: &str = "app.kubernetes.io/managed-by";
-
-/// Whether everything these tests need is here; one line when not.
-fn have_deps() -> bool {
-    common::require(
-        pki::have_openssl() && apiserver::have_python(),
-        "openssl and python3 (the HTTPS Kubernetes API stand-in)",
-    )
-}
-
-/// One test's cluster: a CA, the stand-in serving HTTPS with its certificate, and a pod's
-/// service-account directory (token, ca.crt, namespace).
-struct Cluster {
-    tmp: TempDir,
-    pki: Pki,
-    api: ApiServer,
-    /// The tokens the server accepts (one a line).
-    tokens: PathBuf,
-    /// The pod's service-account directory.
-    sa: PathBuf,
-}
-
-impl Cluster {
-    fn start(name: &str) -> Cluster {
-        let tmp = TempDir::new(name);
-        let pki = Pki::new(&tmp.0, "cluster");
-        let tokens = tmp.join("tokens");
-        std::fs::write(&tokens, "token-1\n").unwrap();
-        let api = ApiServer::start_tls(&tmp, NS, &pki, &tokens);
-        let sa = tmp.join("serviceaccount");
-        std::fs::create_dir_all(&sa).unwrap();
-        std::fs::write(sa.join("token"), "token-1\n").unwrap();
-        std::fs::copy(&pki.ca, sa.join("ca.crt")).unwrap();
-        std::fs::write(sa.join("namespace"), format!("{NS}\n")).unwrap();
-        Cluster {
-            tmp,
-            pki,
-            api,
-            tokens,
-            sa,
-        }
-    }
-
-    /// A client of the pod, with `deadlines`.
-    fn client_with(&self, deadlines: Deadlines) -> Client {
-        let config = Config::from_dir("127.0.0.1", &self.api.port.to_string(), &self.sa)
-            .expect("the service account directory is valid");
-        Client::new(config, deadlines)
-    }
-
-    fn client(&self) -> Client {
-        self.client_with(DEADLINES)
-    }
-
-    /// The codes the server answered, in order (0: lost).
-    fn codes(&self) -> Vec<u16> {
-        self.api.requests().iter().map(|r| r.2).collect()
-    }
-}
 
 /// A Lease `name` held by `holder`, labelled as tfinit's.
 fn lease(name: &str, holder: &str) -> Lease {

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
+use crate::config::StoreSetting;
 use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
+use crate::locks::record_id::RecordId;
 use crate::locks::recover::{self, Recovery, RecoveryOutcome};
-use crate::locks::store::FileStore;
+use crate::locks::store;
 use crate::protocol::{self, CancelRequest, Envelope, Kind, Reply, Request, Status};
 
 /// Exit code when no init answers.
@@ -282,19 +284,21 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
             return 2;
         }
     };
-    let store = FileStore::new(&cfg.state_dir);
-    if !store.dir().is_dir() {
+    // A new incarnation of our name: it has no record, so every record is judged by what this
+    // command sees (the live init's records are watched alive like any other owner's).
+    let me = crate::locks::record::Owner::current(&cfg.owner, None);
+    // The stores the init writes to (TFINIT_STORE: the Leases, the files, or both).
+    let store = store::chosen(cfg.store, &cfg.state_dir, &me, cfg.owner_ttl);
+    let files_only = store.location() == cfg.state_dir.display().to_string();
+    if files_only && !cfg.state_dir.is_dir() {
         eprintln!(
             "tfinit: TFINIT_STATE_DIR={:?} is not a directory: nothing to recover",
             cfg.state_dir
         );
         return 1;
     }
-    // A new incarnation of our name: it has no record, so every record is judged by what this
-    // command sees (the live init's records are watched alive like any other owner's).
-    let me = crate::locks::record::Owner::current(&cfg.owner, None);
     let recovery = Recovery {
-        store: Box::new(store),
+        store,
         me,
         ttl: cfg.owner_ttl,
         older_ttl: cfg.older_owner_ttl,
@@ -312,7 +316,7 @@ pub fn recover_all(dry_run: bool, terraform_override: Option<&std::path::Path>) 
         }
     };
     if results.is_empty() {
-        println!("no lock-owner records in {}", cfg.state_dir.display());
+        println!("no lock-owner records in {}", recovery.store.location());
     }
     for (path, rec, outcome) in &results {
         println!("{}", report_line(path, rec, outcome, dry_run));
@@ -327,6 +331,7 @@ fn recover_settings(
 ) -> Result<(config::InitConfig, std::path::PathBuf), String> {
     let args = crate::cli::InitArgs {
         state_dir: std::env::var_os("TFINIT_STATE_DIR").map(Into::into),
+        store: std::env::var("TFINIT_STORE").ok(),
         owner: std::env::var("TFINIT_OWNER").ok(),
         owner_ttl: std::env::var("TFINIT_OWNER_TTL").ok(),
         older_owner_ttl: std::env::var("TFINIT_OLDER_OWNER_TTL").ok(),
@@ -355,12 +360,7 @@ fn needs_attention(outcome: &RecoveryOutcome) -> bool {
 }
 
 /// One record's line in `tfinit recover`'s output.
-fn report_line(
-    path: &std::path::Path,
-    rec: &Record,
-    outcome: &RecoveryOutcome,
-    dry_run: bool,
-) -> String {
+fn report_line(path: &RecordId, rec: &Record, outcome: &RecoveryOutcome, dry_run: bool) -> String {
     let what = outcome_text(rec, outcome, dry_run);
     let orphans = if rec.in_progress.is_empty() || *outcome == RecoveryOutcome::OwnerAlive {
         String::new()
@@ -369,7 +369,7 @@ fn report_line(
     };
     format!(
         "{}: {} `terraform {}` in {} (Who {}): {what}{orphans}",
-        path.display(),
+        path,
         rec.owner.name,
         rec.argv.join(" "),
         rec.workdir,
@@ -449,8 +449,20 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             return 2;
         }
     };
+    // The init validated TFINIT_STORE and passes it on: anything else is no init's.
+    let setting = match std::env::var("TFINIT_STORE") {
+        Err(_) => StoreSetting::Auto,
+        Ok(v) => match StoreSetting::parse(&v) {
+            Some(s) => s,
+            None => {
+                eprintln!("tfinit: {}: TFINIT_STORE={v:?} is not auto, kubernetes or file; no lock was touched", recover::HIDDEN_SUBCOMMAND);
+                return 2;
+            }
+        },
+    };
+    let store = store::chosen(setting, &args.state_dir, &args.owner, args.ttl());
     let recovery = Recovery {
-        store: Box::new(FileStore::new(&args.state_dir)),
+        store,
         me: args.owner.clone(),
         ttl: args.ttl(),
         older_ttl: args.older_ttl(),
@@ -488,7 +500,7 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
 /// helper (`TFINIT_REPORT_FD`), for its metrics. Each line goes in one write(2) of less than
 /// PIPE_BUF bytes, so lines of helpers that run at once never interleave. Best effort: the
 /// metrics are the only loss when it fails.
-fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, RecoveryOutcome)]) {
+fn tell_the_init(results: &[(RecordId, Box<Record>, RecoveryOutcome)]) {
     use std::io::Write;
     let Some(pipe) = std::env::var(recover::REPORT_FD_VAR)
         .ok()
@@ -515,7 +527,7 @@ fn tell_the_init(results: &[(std::path::PathBuf, Box<Record>, RecoveryOutcome)])
                 .count() as u64,
             unknown_wording: match outcome {
                 RecoveryOutcome::UnknownWording(said) => Some(recover::UnknownWording {
-                    record: cut(&path.display().to_string()),
+                    record: cut(&path.to_string()),
                     workdir: cut(&rec.workdir),
                     said: said.clone(),
                 }),

@@ -46,6 +46,30 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where lock-owner records live (TFINIT_STORE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreSetting {
+    /// Leases of the pod's namespace when its service account may list them, else the files
+    /// of TFINIT_STATE_DIR (with one line saying why); decided when the store first answers.
+    Auto,
+    /// Leases of the pod's namespace (the in-cluster configuration must be there).
+    Kubernetes,
+    /// The files of TFINIT_STATE_DIR.
+    File,
+}
+
+impl StoreSetting {
+    /// The setting TFINIT_STORE names (as validated at start: trimmed, one of the three words).
+    pub fn parse(value: &str) -> Option<StoreSetting> {
+        match value.trim() {
+            "auto" => Some(StoreSetting::Auto),
+            "kubernetes" => Some(StoreSetting::Kubernetes),
+            "file" => Some(StoreSetting::File),
+            _ => None,
+        }
+    }
+}
+
 /// Everything the init needs, validated.
 #[derive(Debug, Clone)]
 pub struct InitConfig {
@@ -67,6 +91,8 @@ pub struct InitConfig {
     pub run_dir: PathBuf,
     /// Directory of lock-owner records.
     pub state_dir: PathBuf,
+    /// TFINIT_STORE: where lock-owner records live.
+    pub store: StoreSetting,
     /// Owner name in records.
     pub owner: String,
     /// Heartbeat age after which an owner is dead.
@@ -459,6 +485,9 @@ impl InitConfig {
         let (log_level, log_format) = logs(&n, args)?;
         let run_dir = run_dir(&n, args)?;
         let state_dir = state_dir(&n, args)?;
+        let words = ["auto", "kubernetes", "file"];
+        let store = n.choice("store", given(&args.store), &words, "auto")?;
+        let store = StoreSetting::parse(words[store]).unwrap_or(StoreSetting::Auto);
         let owner = owner(&n, args)?;
         let (owner_ttl, record_timeout) = record_timers(&n, args)?;
         let older_owner_ttl = older_owner_ttl(&n, args)?;
@@ -484,6 +513,7 @@ impl InitConfig {
             log_format,
             run_dir,
             state_dir,
+            store,
             owner,
             owner_ttl,
             older_owner_ttl,

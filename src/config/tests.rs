@@ -244,3 +244,29 @@ fn an_owner_name_longer_than_its_files_allow_is_refused_with_its_length_and_the_
         "{e}"
     );
 }
+
+#[test]
+fn the_store_is_auto_by_default_and_a_bad_one_is_named_with_the_choices() {
+    let cfg = InitConfig::from_args(&InitArgs::default(), None).unwrap();
+    assert_eq!(cfg.store, StoreSetting::Auto);
+    for (v, want) in [
+        ("kubernetes", StoreSetting::Kubernetes),
+        (" file ", StoreSetting::File),
+        ("auto", StoreSetting::Auto),
+    ] {
+        let args = InitArgs {
+            store: Some(v.into()),
+            ..Default::default()
+        };
+        assert_eq!(InitConfig::from_args(&args, None).unwrap().store, want);
+    }
+    let args = InitArgs {
+        store: Some("k8s".into()),
+        ..Default::default()
+    };
+    let e = InitConfig::from_args(&args, None).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "invalid TFINIT_STORE=\"k8s\": must be auto or kubernetes or file; for example TFINIT_STORE=auto"
+    );
+}

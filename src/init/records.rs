@@ -17,7 +17,7 @@ use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner};
 use crate::locks::recorder::{Completion, Recorder, Request};
-use crate::locks::store::FileStore;
+use crate::locks::store;
 
 /// The longest the init's exit waits for queued and in-flight record writes. The least
 /// TFINIT_KILL_MARGIN ([`crate::config::MIN_KILL_MARGIN`]) leaves room for it.
@@ -140,7 +140,8 @@ impl Records {
             crate::sys::hostname(),
             now,
         );
-        let started = Recorder::start(Box::new(FileStore::new(&cfg.state_dir)), me, cfg.owner_ttl);
+        let store = store::chosen(cfg.store, &cfg.state_dir, &me, cfg.owner_ttl);
+        let started = Recorder::start(store, me, cfg.owner_ttl);
         let mut records = Records {
             book,
             recorder: None,
@@ -471,7 +472,7 @@ mod tests {
         assert_eq!(r.book().may_launch(r1), Launch::Yes);
         let landed = Completion::Created {
             run: r1,
-            result: Ok(PathBuf::from("/state/records/x.json")),
+            result: Ok("/state/records/x.json".into()),
         };
         assert_eq!(r.feed(landed, t0), vec![RecordEvent::Settled(r1)]);
         assert!(r.book().record(r1).is_some_and(RecordStatus::may_exist));
@@ -514,7 +515,7 @@ mod tests {
         r.feed(
             Completion::Created {
                 run: r1,
-                result: Ok(PathBuf::from("x")),
+                result: Ok("x".into()),
             },
             t0,
         );

@@ -212,8 +212,15 @@ pub(super) fn recovery(
     cmd.process_group(0);
     sys::child_defaults(&mut cmd);
     set_env(&mut cmd, &req.env);
-    // Its logs go to the container log in the init's format.
-    for k in ["TFINIT_LOG", "TFINIT_LOG_FORMAT"] {
+    // Its logs go to the container log in the init's format; it reaches the init's stores.
+    for k in [
+        "TFINIT_LOG",
+        "TFINIT_LOG_FORMAT",
+        "TFINIT_STORE",
+        "TFINIT_SERVICE_ACCOUNT_DIR",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+    ] {
         if let Some(v) = std::env::var_os(k) {
             cmd.env(k, v);
         }

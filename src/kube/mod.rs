@@ -35,6 +35,8 @@ pub use config::{Config, ConfigError, SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR_V
 pub use error::{Error, Op, Status, Verb, ROLE_RULE};
 pub use lease::{Lease, LeaseSpec, ObjectMeta};
 pub use microtime::MicroTime;
-pub use names::{is_dns_subdomain, lease_name, MAX_NAME};
+pub use names::{
+    is_dns_subdomain, is_label_value, label_value, lease_name, MAX_LABEL_VALUE, MAX_NAME,
+};
 pub use retry::{jitter, RetryPolicy};
 pub use transport::Deadlines;

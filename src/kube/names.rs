@@ -56,6 +56,31 @@ pub fn lease_name(pod: &str, suffix: &str) -> String {
     name
 }
 
+/// The longest label value the API accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
+
+/// Whether `s` is a valid label value: at most 63 characters of letters, digits, '-', '_' and
+/// '.', starting and ending with a letter or digit (the empty value is valid too).
+pub fn is_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    s.len() <= MAX_LABEL_VALUE
+        && (b.is_empty()
+            || (b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))))
+}
+
+/// A label value standing for `s`: `s` itself when it is a valid one, else the [`HASH_HEX`] hex
+/// digits of its hash (the same on every machine, so a selector made elsewhere finds it).
+pub fn label_value(s: &str) -> String {
+    if is_label_value(s) {
+        s.to_string()
+    } else {
+        hash_hex(s, "")
+    }
+}
+
 /// The first [`HASH_HEX`] hex digits of SHA-256(pod, 0, suffix).
 fn hash_hex(pod: &str, suffix: &str) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
@@ -97,6 +122,18 @@ fn cut(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_kept_when_valid_and_hashed_when_not() {
+        assert_eq!(label_value("pod-a"), "pod-a");
+        assert_eq!(label_value("Pod_A.1"), "Pod_A.1");
+        for bad in ["-a", "a b", "é", &"a".repeat(64)] {
+            let v = label_value(bad);
+            assert!(is_label_value(&v) && v.len() == HASH_HEX, "{bad:?}: {v}");
+            assert_eq!(v, label_value(bad), "the same everywhere");
+        }
+        assert_ne!(label_value("-a"), label_value("-b"));
+    }
 
     #[test]
     fn dns_subdomains_are_recognised() {

@@ -12,6 +12,7 @@ pub mod liveness;
 pub mod lockinfo;
 pub mod names;
 pub mod record;
+pub mod record_id;
 pub mod recorder;
 pub mod recover;
 pub mod state;

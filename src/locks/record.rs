@@ -3,12 +3,13 @@
 
 use std::borrow::Cow;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use super::names::{valid_owner, valid_run_id, valid_workspace};
+use super::record_id::RecordId;
 
 /// Format version of records written by this tfinit. A file with a newer version is left alone.
 /// Version 2 came with liveness by observation (heartbeats with sequence numbers, one per
@@ -197,8 +198,14 @@ impl Record {
     /// dropped. `FileStore::write` writes nothing else, so no record is ever too large to be read
     /// back (a record read as corrupt would be set aside while its owner lives).
     pub fn fitted(&self) -> Cow<'_, Record> {
-        let argv = fit(&self.argv, "arguments");
-        let in_progress = fit(&self.in_progress, "resources in progress");
+        self.fitted_within(LIST_BUDGET)
+    }
+
+    /// [`Record::fitted`] with `budget` bytes for each list instead of [`LIST_BUDGET`] (a store
+    /// whose objects are smaller than a file may be: the Kubernetes store's annotations).
+    pub fn fitted_within(&self, budget: usize) -> Cow<'_, Record> {
+        let argv = fit(&self.argv, "arguments", budget);
+        let in_progress = fit(&self.in_progress, "resources in progress", budget);
         if argv.is_none() && in_progress.is_none() {
             return Cow::Borrowed(self);
         }
@@ -214,19 +221,19 @@ impl Record {
     }
 }
 
-/// `list` cut to fit in [`LIST_BUDGET`] with a marker entry counting the rest (`what`: `arguments`),
-/// or None when it fits whole.
-fn fit(list: &[String], what: &str) -> Option<Vec<String>> {
+/// `list` cut to fit in `budget` bytes with a marker entry counting the rest (`what`:
+/// `arguments`), or None when it fits whole.
+fn fit(list: &[String], what: &str, budget: usize) -> Option<Vec<String>> {
     // Room left for the marker itself when the list is cut.
     const MARKER_ROOM: usize = 128;
     let mut used = 0;
     let mut cut_at = None;
     for (i, entry) in list.iter().enumerate() {
         used += json_len(entry);
-        if cut_at.is_none() && used > LIST_BUDGET - MARKER_ROOM {
+        if cut_at.is_none() && used > budget.saturating_sub(MARKER_ROOM) {
             cut_at = Some(i);
         }
-        if used > LIST_BUDGET {
+        if used > budget {
             let keep = cut_at.unwrap_or(i);
             let mut fitted = list[..keep].to_vec();
             fitted.push(format!(
@@ -311,17 +318,17 @@ pub use crate::protocol::FileId;
 #[derive(Debug)]
 pub enum Found {
     /// Parsed.
-    Record(PathBuf, Box<Record>),
+    Record(RecordId, Box<Record>),
     /// A regular file of at most [`MAX_FILE`] bytes that is no record of a version we know: no
     /// live tfinit leaves one (its writes are atomic, fitted and checked to read back), so it is
     /// set aside (`set_aside_corrupt`). The text says why it is not a record.
-    Corrupt(PathBuf, String),
+    Corrupt(RecordId, String),
     /// A newer format: left alone.
-    Future(PathBuf, u32),
+    Future(RecordId, u32),
     /// Not readable by this uid (another uid's record): left alone.
-    Unreadable(PathBuf, String),
+    Unreadable(RecordId, String),
     /// Not read, and left where it is: it may be a live owner's, or moving it could hurt.
-    LeftAlone(PathBuf, Unread),
+    LeftAlone(RecordId, Unread),
 }
 
 /// Why a file in `records/` was left alone unread.

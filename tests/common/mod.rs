@@ -50,7 +50,9 @@ macro_rules! all_shapes {
 
 pub mod apiserver;
 pub mod cgroup;
+pub mod dockerfile;
 pub mod fuse;
+pub mod kube_cluster;
 pub mod launch;
 pub mod moto;
 pub mod pki;

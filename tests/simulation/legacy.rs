@@ -25,6 +25,7 @@ use tfinit::locks::book::{Event, LiveRun, Start, StoreState};
 use tfinit::locks::liveness::Facts;
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Heartbeat, Owner};
+use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::{Entry, Request};
 
 /// Old `owner_dead_at` (without its log line): why `rec`'s owner is dead at `now_ms` given the
@@ -163,7 +164,7 @@ pub enum Completion {
         /// The run.
         run: RunId,
         /// The record's id, or why not.
-        result: Result<PathBuf, String>,
+        result: Result<RecordId, String>,
     },
     /// An end-marking finished.
     Ended {
@@ -204,13 +205,13 @@ struct Run {
     workdir: PathBuf,
     workspace: String,
     record: Rec,
-    path: Option<PathBuf>,
+    path: Option<RecordId>,
 }
 
 #[derive(Debug, Clone)]
 struct Closing {
     workdir: PathBuf,
-    path: Option<PathBuf>,
+    path: Option<RecordId>,
     ended: Option<Ended>,
 }
 
@@ -224,7 +225,7 @@ pub struct Book {
     record_timeout: Duration,
     host: String,
     table: Option<Table>,
-    own: HashMap<PathBuf, (Instant, Option<Entry>)>,
+    own: HashMap<RecordId, (Instant, Option<Entry>)>,
     recovered: HashMap<PathBuf, Instant>,
     heartbeat_ok: Option<Instant>,
     runs: HashMap<RunId, Run>,

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use tfinit::locks::record::{FileId, Owner};
+use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::machine::{Held, Machine, Next, Now, Op, Out, Outcome};
 use tfinit::locks::recorder::{Beat, Entry};
 use tfinit::locks::store::kernel_proof_with;
@@ -279,8 +280,9 @@ async fn perform(
 }
 
 /// The id of the record at `path` ([`record_path`]).
-fn record_id(path: &std::path::Path) -> u64 {
-    path.file_stem()
+fn record_id(path: &RecordId) -> u64 {
+    path.as_file()
+        .and_then(|p| p.file_stem())
         .and_then(|s| s.to_str())
         .and_then(|s| s.parse().ok())
         .expect("a path made by record_path")

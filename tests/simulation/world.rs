@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tfinit::locks::book::{Book, LiveRun};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
+use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::Request;
 
 use super::check::{Obligation, Stats, Violation, CALM_OP_MAX};
@@ -292,8 +293,8 @@ pub struct LockFile {
 pub const VOLUME_DEV: u64 = 1;
 
 /// The path of record `id`.
-pub fn record_path(id: u64) -> std::path::PathBuf {
-    std::path::PathBuf::from(format!("/state/records/{id}.json"))
+pub fn record_path(id: u64) -> RecordId {
+    RecordId::file(format!("/state/records/{id}.json"))
 }
 
 /// The path of working directory `w`.

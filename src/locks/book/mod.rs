@@ -19,6 +19,7 @@ use super::labels::StoreStatus;
 use super::liveness::{Fence, Observer};
 use super::names::RunId;
 use super::record::Owner;
+use super::record_id::RecordId;
 use super::recorder::{Completion, Entry, Table, WriteError};
 use crate::mutation::{self, Guard};
 
@@ -101,7 +102,7 @@ pub struct Book {
     needing_person: usize,
     /// Our own end-markings and removals since they became durable, by record id (Some: the
     /// ended record; None: removed): they count until a table scanned after them arrives.
-    own: HashMap<PathBuf, (Instant, Option<Entry>)>,
+    own: HashMap<RecordId, (Instant, Option<Entry>)>,
     /// When the last recovery in each directory finished: the table counts there again once it
     /// was scanned after that.
     recovered: HashMap<PathBuf, Instant>,

@@ -8,6 +8,7 @@ use super::{Book, Event, FenceStage, Notice, Start, StoreState, NOT_ANSWERING_EV
 use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
 use crate::locks::record::Ended;
+use crate::locks::record_id::RecordId;
 use crate::locks::recorder::{Entry, Request, WriteError};
 use crate::locks::who::who_for;
 
@@ -27,7 +28,7 @@ pub enum RecordStatus {
     /// On the volume.
     Written {
         /// Its id in the store.
-        path: PathBuf,
+        path: RecordId,
     },
     /// Its create failed.
     Failed,
@@ -108,7 +109,7 @@ pub(super) struct Closing {
     /// The `Who` of its run's lock.
     pub(super) who: String,
     /// The record's id, when its create had landed.
-    pub(super) path: Option<PathBuf>,
+    pub(super) path: Option<RecordId>,
     /// How the run ended (an end-marking), or None (a removal).
     pub(super) ended: Option<Ended>,
 }
@@ -240,7 +241,7 @@ impl Book {
     pub(super) fn created(
         &mut self,
         run: RunId,
-        result: Result<PathBuf, WriteError>,
+        result: Result<RecordId, WriteError>,
         ev: &mut Vec<Event>,
     ) {
         if result.is_ok() {

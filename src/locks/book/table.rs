@@ -389,7 +389,7 @@ mod tests {
         b.on_completion(
             Completion::Created {
                 run: RunId::from(1),
-                result: Ok(PathBuf::from("/s/records/r1.json")),
+                result: Ok(RecordId::file("/s/records/r1.json")),
             },
             now,
         );

@@ -28,6 +28,7 @@ use std::time::Instant;
 use super::liveness::Facts;
 use super::names::RunId;
 use super::record::{Ended, Heartbeat, Owner, Record};
+use crate::locks::record_id::RecordId;
 
 pub mod machine;
 mod queue;
@@ -119,7 +120,7 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Its id in the store.
-    pub path: PathBuf,
+    pub path: RecordId,
     /// Where its run worked.
     pub workdir: PathBuf,
     /// The `Who` of its run's lock.
@@ -130,7 +131,7 @@ pub struct Entry {
 
 impl Entry {
     /// The entry of record `rec`, stored at `path`.
-    pub fn of(path: PathBuf, rec: &Record) -> Entry {
+    pub fn of(path: RecordId, rec: &Record) -> Entry {
         Entry {
             path,
             workdir: PathBuf::from(&rec.workdir),
@@ -203,7 +204,7 @@ pub enum Completion {
         /// The run.
         run: RunId,
         /// Whether the record is on the volume (with its id).
-        result: Result<PathBuf, WriteError>,
+        result: Result<RecordId, WriteError>,
     },
     /// A progress rewrite finished (or was not needed: no record).
     Written {

@@ -3,18 +3,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
 use crate::locks::record::{FileId, Found};
+use crate::locks::record_id::RecordId;
 use crate::locks::store::{Aside, RecoveryLock, Store};
 
 /// What the test store holds and did.
 #[derive(Default)]
 pub(crate) struct Inner {
-    pub records: BTreeMap<PathBuf, Record>,
+    pub records: BTreeMap<RecordId, Record>,
     pub heartbeats: HashMap<String, Heartbeat>,
     /// Every storage call, in order: `create r1`, `progress r1 [a]`, `end r1`, `remove r1`,
     /// `heartbeat`, `list`.
@@ -97,32 +98,36 @@ impl Store for TestStore {
                 .collect()
         })
     }
-    fn read(&self, id: &Path) -> io::Result<Record> {
+    fn read(&self, id: &RecordId) -> io::Result<Record> {
         self.with(|i| i.records.get(id).cloned())
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
-    fn write(&self, record: &Record) -> io::Result<PathBuf> {
+    fn write(&self, record: &Record) -> io::Result<RecordId> {
         let what = match (
             &record.ended,
-            self.with(|i| i.records.keys().any(|p| p.ends_with(&record.run_id))),
+            self.with(|i| {
+                i.records
+                    .keys()
+                    .any(|p| p.as_file().is_some_and(|p| p.ends_with(&record.run_id)))
+            }),
         ) {
             (Some(_), _) => format!("end {}", record.run_id),
             (None, true) => format!("progress {} {:?}", record.run_id, record.in_progress),
             (None, false) => format!("create {}", record.run_id),
         };
         self.logged_write(what)?;
-        let path = PathBuf::from(&record.run_id);
+        let path = RecordId::file(&record.run_id);
         self.with(|i| i.records.insert(path.clone(), record.clone()));
         Ok(path)
     }
-    fn remove(&self, id: &Path) -> io::Result<()> {
-        self.logged_write(format!("remove {}", id.display()))?;
+    fn remove(&self, id: &RecordId) -> io::Result<()> {
+        self.logged_write(format!("remove {id}"))?;
         self.with(|i| i.records.remove(id));
         Ok(())
     }
-    fn set_aside(&self, id: &Path, _why: &Aside) -> io::Result<PathBuf> {
+    fn set_aside(&self, id: &RecordId, _why: &Aside) -> io::Result<RecordId> {
         self.with(|i| i.records.remove(id));
-        Ok(id.with_extension("aside"))
+        Ok(RecordId::file(format!("{id}.aside")))
     }
     fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
         self.with(|i| i.heartbeats.get(&owner.key()).cloned())
@@ -280,11 +285,11 @@ fn progress_sent_during_a_slow_write_is_coalesced_and_the_last_wins() {
         Some("progress r1 [\"p20\"]")
     );
     assert_eq!(
-        store.with(|i| i.records[Path::new("r1")].in_progress.clone()),
+        store.with(|i| i.records[&RecordId::file("r1")].in_progress.clone()),
         vec!["p20"]
     );
     // The record's Who was computed by the recorder (passwd entry, or $USER with $HOME).
-    let who = store.with(|i| i.records[Path::new("r1")].who.clone());
+    let who = store.with(|i| i.records[&RecordId::file("r1")].who.clone());
     assert!(
         who.ends_with(&format!("@{}", crate::sys::hostname())),
         "{who}"
@@ -365,7 +370,7 @@ fn a_late_create_of_a_run_that_ended_is_marked_ended() {
         matches!(c, Completion::Ended { result: Ok(()), .. })
     });
     assert_eq!(writes(&store), ["create r1", "end r1"]);
-    let rec = store.with(|i| i.records[Path::new("r1")].clone());
+    let rec = store.with(|i| i.records[&RecordId::file("r1")].clone());
     assert_eq!(rec.ended, Some(ended()));
     assert_eq!(rec.in_progress, ["a", "b"]);
 }
@@ -465,8 +470,11 @@ fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
         "{seen:?}"
     );
     let left = store.with(|i| i.records.clone());
-    assert_eq!(left.keys().collect::<Vec<_>>(), [Path::new("r2")]);
-    assert!(left[Path::new("r2")].ended.is_some(), "r2 is marked ended");
+    assert_eq!(left.keys().collect::<Vec<_>>(), [&RecordId::file("r2")]);
+    assert!(
+        left[&RecordId::file("r2")].ended.is_some(),
+        "r2 is marked ended"
+    );
     // Closed once: a later heartbeat writes nothing more.
     let before = writes(&store).len();
     r.send(Request::Heartbeat).unwrap();
@@ -502,7 +510,7 @@ fn heartbeats_and_open_report_a_table_of_records() {
     let mut old = *record("old");
     old.owner.name = "pod-b".into();
     old.workdir = "/tf/y".into();
-    store.with(|i| i.records.insert(PathBuf::from("old"), old.clone()));
+    store.with(|i| i.records.insert(RecordId::file("old"), old.clone()));
     let r = Recorder::start(Box::new(store.clone()), me(), Duration::from_secs(30)).unwrap();
     let seen = collect_until(&r, "Opened", |c| matches!(c, Completion::Opened { .. }));
     let Some(Completion::Opened {

@@ -3,7 +3,7 @@
 //! and whether a run that may be alive could have written the same Who (a record here on a state
 //! that may be the same, a tfinit alive on the Who's host, or a live run of this init).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use super::{Recovery, Window, CLOCK_SKEW};
@@ -11,6 +11,7 @@ use crate::locks::book::LiveRun;
 use crate::locks::liveness::{last_alive_ms, run_state, Facts, Observer, RunState};
 use crate::locks::lockinfo::LockInfo;
 use crate::locks::record::{Heartbeat, Owner, Record};
+use crate::locks::record_id::RecordId;
 use crate::locks::state::{self, StateOf};
 use crate::locks::who::who_host;
 use crate::mutation::{self, Guard};
@@ -47,10 +48,10 @@ impl Recovery {
     pub(super) fn window(
         &self,
         observer: &mut Observer,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
         info: &LockInfo,
-        all: &[(PathBuf, Record)],
+        all: &[(RecordId, Record)],
     ) -> Window {
         let skew = CLOCK_SKEW.as_millis() as u64;
         let hb = self.store.read_heartbeat(&rec.owner);

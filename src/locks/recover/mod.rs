@@ -36,9 +36,10 @@ use std::time::{Duration, Instant};
 use super::liveness::{self, run_state, Facts, Observer, RunState, Seen, Token, Verdict};
 use super::lockinfo::{self, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
-use super::store::{self, Aside, Store};
+use super::store::{self, Aside, RecoveryLock, Store};
 use super::who::who_host;
 use crate::duration::fmt_duration;
+use crate::locks::record_id::RecordId;
 use crate::mutation::{self, Guard};
 
 mod backend;
@@ -95,7 +96,7 @@ impl Recovery {
     pub fn run(
         &self,
         only: Option<&Path>,
-    ) -> Result<Vec<(PathBuf, Box<Record>, RecoveryOutcome)>, String> {
+    ) -> Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String> {
         let mut observer =
             Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
         let only = only.map(|d| (d, fs::canonicalize(d).ok()));
@@ -114,7 +115,7 @@ impl Recovery {
             .collect();
         self.watch(&mut observer, &listed);
         // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
-        let _lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
+        let lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
             None
         } else {
             Some(self.store.lock_recovery(LOCK_WAIT).map_err(|e| {
@@ -125,7 +126,7 @@ impl Recovery {
             })?)
         };
         let found = self.store.list();
-        let records: Vec<(PathBuf, Record)> = found
+        let records: Vec<(RecordId, Record)> = found
             .iter()
             .filter_map(|f| match f {
                 Found::Record(p, r) => Some((p.clone(), (**r).clone())),
@@ -137,7 +138,7 @@ impl Recovery {
             match f {
                 Found::Corrupt(path, problem) => {
                     if self.dry_run {
-                        tracing::warn!(file = %path.display(), problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
+                        tracing::warn!(file = %path, problem = %problem, "lock-owner record cannot be read (dry run: left in place)");
                     } else {
                         store::set_aside_corrupt(&*self.store, &path, &problem);
                     }
@@ -145,14 +146,14 @@ impl Recovery {
                 Found::Unreadable(path, e) => store::warn_unreadable(&path, &e),
                 Found::LeftAlone(path, why) => store::warn_left_alone(&path, &why),
                 Found::Future(path, v) => tracing::warn!(
-                    file = %path.display(), version = v, this_version = record::FORMAT,
+                    file = %path, version = v, this_version = record::FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
                 ),
                 Found::Record(path, rec) => {
                     if only.is_some_and(|d| !same_dir(d, &rec.workdir)) {
                         continue;
                     }
-                    let outcome = self.one(&mut observer, &path, &rec, &records);
+                    let outcome = self.one(&mut observer, &path, &rec, &records, lock.as_ref());
                     out.push((path, rec, outcome));
                 }
             }
@@ -261,9 +262,10 @@ impl Recovery {
     fn one(
         &self,
         observer: &mut Observer,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
-        all: &[(PathBuf, Record)],
+        all: &[(RecordId, Record)],
+        lock: Option<&RecoveryLock>,
     ) -> RecoveryOutcome {
         let RunState::Over(why_dead) = self.state_now(observer, rec) else {
             return RecoveryOutcome::OwnerAlive;
@@ -288,7 +290,7 @@ impl Recovery {
                 RecoveryOutcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
             }
             Some(b) if !lockinfo::probe_safe(b) => RecoveryOutcome::Unsupported(b.to_string()),
-            Some(b) => self.probe_and_decide(observer, b, path, rec, all),
+            Some(b) => self.probe_and_decide(observer, b, path, rec, all, lock),
         };
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
@@ -302,7 +304,7 @@ impl Recovery {
                         command: command.clone(),
                     });
                     if let Err(e) = self.store.write(&marked).map(|_| ()) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
+                        tracing::warn!(record = %path, error = %e, "cannot mark the record as needing a person; it will be reported again before the next run");
                     }
                 }
                 RecoveryOutcome::Unlocked(_)
@@ -310,12 +312,12 @@ impl Recovery {
                 | RecoveryOutcome::Free
                 | RecoveryOutcome::NothingToRelease(_) => {
                     if let Err(e) = self.store.remove(path) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot remove the record");
+                        tracing::warn!(record = %path, error = %e, "cannot remove the record");
                     }
                 }
                 RecoveryOutcome::Unsupported(_) => {
                     if let Err(e) = self.store.set_aside(path, &Aside::Manual) {
-                        tracing::warn!(record = %path.display(), error = %e, "cannot set the record aside");
+                        tracing::warn!(record = %path, error = %e, "cannot set the record aside");
                     }
                 }
                 _ => {}
@@ -328,9 +330,10 @@ impl Recovery {
         &self,
         observer: &mut Observer,
         backend: &str,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
-        all: &[(PathBuf, Record)],
+        all: &[(RecordId, Record)],
+        lock: Option<&RecoveryLock>,
     ) -> RecoveryOutcome {
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
@@ -374,7 +377,7 @@ impl Recovery {
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
             return RecoveryOutcome::OwnerAlive;
         }
-        let fresh: Vec<(PathBuf, Record)> = self
+        let fresh: Vec<(RecordId, Record)> = self
             .store
             .list()
             .into_iter()
@@ -387,6 +390,13 @@ impl Recovery {
             Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),
             Decision::Unlock => {}
+        }
+        // A right to recover that must be renewed (the Kubernetes store's Lease) and was not in
+        // time may be another pod's by now: nothing is released without it.
+        if lock.is_some_and(|l| !l.held()) {
+            return RecoveryOutcome::Unknown(
+                "the right to recover was not renewed in time (the recovery Lease): nothing released; the next recovery decides again".into(),
+            );
         }
         match run_terraform(
             &self.terraform,

@@ -1,11 +1,10 @@
 //! The log lines of a recovery: one per record decided, at warn with the record's every field
 //! (info when nothing was at stake), and an error when only a person can release the lock.
 
-use std::path::Path;
-
 use super::{Recovery, RecoveryOutcome};
 use crate::locks::lockinfo::LockInfo;
 use crate::locks::record::Record;
+use crate::locks::record_id::RecordId;
 
 /// Logs at warn what a recovery did with the record of [`Report`] `$r`, with the record's every
 /// field, then (after `lock`) the lock's fields, then the outcome's own fields and message.
@@ -18,7 +17,7 @@ macro_rules! warn_record {
     };
     ($r:expr, $($field:tt)*) => {
         tracing::warn!(
-            record = %$r.path.display(), run = %$r.rec.run_id, owner = %$r.rec.owner.name,
+            record = %$r.path, run = %$r.rec.run_id, owner = %$r.rec.owner.name,
             incarnation = %$r.rec.owner.incarnation(), pod_uid = ?$r.rec.owner.pod_uid,
             expected_who = %$r.rec.who, workdir = %$r.rec.workdir, workspace = %$r.rec.workspace,
             subcommand = %$r.rec.subcommand, argv = ?$r.rec.argv, started_ms = $r.rec.started_ms,
@@ -44,7 +43,7 @@ fn orphan_hint(orphans: &[String]) -> String {
 struct Report<'a> {
     base: String,
     hint: String,
-    path: &'a Path,
+    path: &'a RecordId,
     rec: &'a Record,
     dry_run: bool,
 }
@@ -75,7 +74,7 @@ impl Report<'_> {
     /// Nothing was at stake (no orphan candidates): the lock is free, or ends with its process
     /// (`backend`).
     fn released(&self, backend: Option<&str>) {
-        let (base, path) = (&self.base, self.path.display());
+        let (base, path) = (&self.base, self.path);
         match backend {
             None => {
                 tracing::info!(record = %path, "{base}: the state lock is free; record removed")
@@ -123,7 +122,7 @@ impl Report<'_> {
     fn needs_person(&self, i: &LockInfo, command: &str) {
         let (base, hint, rec) = (&self.base, &self.hint, self.rec);
         tracing::error!(
-            record = %self.path.display(), run = %rec.run_id, owner = %rec.owner.name,
+            record = %self.path, run = %rec.run_id, owner = %rec.owner.name,
             incarnation = %rec.owner.incarnation(), expected_who = %rec.who,
             workdir = %rec.workdir, workspace = %rec.workspace, subcommand = %rec.subcommand,
             lock_id = %i.id, lock_path = %i.path, operation = %i.operation, who = %i.who,
@@ -138,7 +137,7 @@ impl Recovery {
     /// Logs one outcome at warn (info when nothing was at stake), with the record's every field.
     pub(super) fn report(
         &self,
-        path: &Path,
+        path: &RecordId,
         rec: &Record,
         why_dead: &str,
         outcome: &RecoveryOutcome,

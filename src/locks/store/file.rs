@@ -13,7 +13,7 @@ use super::fsio::{
     remove, test_flock, to_json, unique_suffix, ReadError,
 };
 use super::kernel::same_lock_file;
-use super::{Aside, RecoveryLock, Store};
+use super::{Aside, RecordId, RecoveryLock, Store};
 use crate::locks::names::valid_owner;
 use crate::locks::record::{
     age, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, HEARTBEAT_FORMAT, MAX_FILE,
@@ -168,7 +168,9 @@ impl Store for FileStore {
             if hidden || path.extension().and_then(|x| x.to_str()) != Some("json") {
                 continue;
             }
-            match read_limited(&path) {
+            let bytes = read_limited(&path);
+            let path = RecordId::file(path);
+            match bytes {
                 // Removed since readdir (its run ended): not a problem.
                 Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
@@ -197,17 +199,18 @@ impl Store for FileStore {
         out
     }
 
-    fn read(&self, id: &Path) -> io::Result<Record> {
-        let bytes = read_limited(id).map_err(|e| e.into_io(id))?;
+    fn read(&self, id: &RecordId) -> io::Result<Record> {
+        let path = file_of(id)?;
+        let bytes = read_limited(path).map_err(|e| e.into_io(path))?;
         parse_record(&bytes).map_err(|p| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} is not a lock-owner record: {p}", id.display()),
+                format!("{id} is not a lock-owner record: {p}"),
             )
         })
     }
 
-    fn write(&self, record: &Record) -> io::Result<PathBuf> {
+    fn write(&self, record: &Record) -> io::Result<RecordId> {
         let path = self.path_of(record);
         let bytes = to_json(&*record.fitted());
         // What would not read back is refused here, with its reason, rather than written for
@@ -230,17 +233,18 @@ impl Store for FileStore {
             ));
         }
         atomic_write(&path, &bytes)?;
-        Ok(path)
+        Ok(RecordId::file(path))
     }
 
-    fn remove(&self, id: &Path) -> io::Result<()> {
-        remove(id)
+    fn remove(&self, id: &RecordId) -> io::Result<()> {
+        remove(file_of(id)?)
     }
 
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf> {
-        let aside = aside_path(id, why);
-        fs::rename(id, &aside)?;
-        Ok(aside)
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
+        let path = file_of(id)?;
+        let aside = aside_path(path, why);
+        fs::rename(path, &aside)?;
+        Ok(RecordId::file(aside))
     }
 
     fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
@@ -404,6 +408,7 @@ impl Store for FileStore {
                 Ok(lock) => {
                     return Ok(RecoveryLock {
                         _held: Box::new(lock),
+                        fence: None,
                     })
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
@@ -430,7 +435,7 @@ impl Store for FileStore {
     }
 }
 
-fn found_path(f: &Found) -> &Path {
+fn found_path(f: &Found) -> &RecordId {
     match f {
         Found::Record(p, _)
         | Found::Corrupt(p, _)
@@ -438,6 +443,16 @@ fn found_path(f: &Found) -> &Path {
         | Found::Unreadable(p, _)
         | Found::LeftAlone(p, _) => p,
     }
+}
+
+/// The file of `id`, or the error of an id another store made (a caller's bug).
+fn file_of(id: &RecordId) -> io::Result<&Path> {
+    id.as_file().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{id} is not a record of a state directory"),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! Where lock-owner records and heartbeats live: one [`Store`] trait for every reader and writer
-//! (the recorder thread, the recovery helper, `tfinit recover`), and [`FileStore`], its only
-//! implementation, in TFINIT_STATE_DIR.
+//! (the recorder thread, the recovery helper, `tfinit recover`), and its implementations:
+//! [`FileStore`] in TFINIT_STATE_DIR, and [`KubeStore`] in Leases of the pod's namespace
+//! (`kube/`: its objects and what each API answer does are documented there).
 //!
-//! Layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
+//! The file store's layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
 //! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
 //! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
@@ -15,21 +16,29 @@
 //! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
 //!
 //! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
-//! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use).
+//! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use),
+//! `kube/` ([`KubeStore`]), `choose.rs` (which one TFINIT_STORE picks: [`chosen`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 
+mod choose;
 mod file;
 mod fsio;
 mod kernel;
+pub mod kube;
 mod report;
 
+pub use choose::{chosen, chosen_with};
 pub use file::FileStore;
+pub use kube::KubeStore;
+
+/// Which record of a store (see [`crate::locks::record_id`]).
+pub use super::record_id::RecordId;
 pub use fsio::{atomic_write, remove};
 pub use kernel::{kernel_proof_with, same_lock_file};
 pub use report::{set_aside_corrupt, warn_left_alone, warn_unreadable};
@@ -46,6 +55,21 @@ pub enum Aside {
 /// The exclusive right to recover records in a store; released on drop.
 pub struct RecoveryLock {
     _held: Box<dyn Send>,
+    /// For a right that must be renewed (the Kubernetes store's Lease): until when, on this
+    /// process's clock, it is surely still this process's. None: held until dropped (a flock).
+    fence: Option<Arc<Mutex<Instant>>>,
+}
+
+impl RecoveryLock {
+    /// Whether the right is surely still this process's: always for a flock; for a Lease, until
+    /// 2/3 of its duration after the last renewal that landed (a waiter takes it only after
+    /// watching it unrenewed for all of it). A recovery checks it before each release.
+    pub fn held(&self) -> bool {
+        self.fence.as_ref().is_none_or(|f| match f.lock() {
+            Ok(until) => Instant::now() < *until,
+            Err(_) => false,
+        })
+    }
 }
 
 impl std::fmt::Debug for RecoveryLock {
@@ -67,17 +91,17 @@ pub trait Store: Send {
     fn list(&self) -> Vec<Found>;
 
     /// Reads one record.
-    fn read(&self, id: &Path) -> io::Result<Record>;
+    fn read(&self, id: &RecordId) -> io::Result<Record>;
 
     /// Writes `record` atomically (creating or rewriting it) and returns its id. What is written
     /// is [`Record::fitted`], and only when it reads back, so every record file can be read.
-    fn write(&self, record: &Record) -> io::Result<PathBuf>;
+    fn write(&self, record: &Record) -> io::Result<RecordId>;
 
     /// Removes a record; a missing one is fine.
-    fn remove(&self, id: &Path) -> io::Result<()>;
+    fn remove(&self, id: &RecordId) -> io::Result<()>;
 
     /// Sets a record aside so no recovery reads it again; returns its new id.
-    fn set_aside(&self, id: &Path, why: &Aside) -> io::Result<PathBuf>;
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId>;
 
     /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
     /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
@@ -108,14 +132,20 @@ pub trait Store: Send {
     /// would make each one's exit wait on the volume (FUSE and NFS talk to their server when a
     /// descriptor is closed). With the descriptor, the file's device and inode: the heartbeat
     /// names them, so that a free flock proves something only on this very file.
-    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>>;
+    /// A store with no lock file (the Kubernetes store) holds none: the default.
+    fn hold_incarnation_lock(&self, _me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
+        Ok(None)
+    }
 
     /// Whether the kernel proves every process of `owner` gone: its lock file is on a local
     /// filesystem of this kernel, it is the file `file` (device and inode, as the incarnation's
     /// heartbeat names it: a file that replaced it at that path proves nothing), and its flock is
     /// free. Some(false): it is held (alive); None: nothing proven (network filesystem, no lock
     /// file, another file, an error). Callers go through [`kernel_proof`], which checks the rest.
-    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool>;
+    /// A store with no lock file proves nothing: the default.
+    fn incarnation_gone(&self, _owner: &Owner, _file: FileId) -> Option<bool> {
+        None
+    }
 
     /// What the kernel proves of `owner` for observer `me`, given `hb`, that incarnation's
     /// heartbeat as just read: Some(true) every process of it is gone, Some(false) one holds its
@@ -133,14 +163,14 @@ pub trait Store: Send {
     /// Sets corrupt records aside (only those: no live owner has one, see [`Found::Corrupt`]) and
     /// warns about the files left alone; returns the parsed records. Never fails: a problem with
     /// one record is that record's warning.
-    fn sweep(&self) -> Vec<(PathBuf, Record)> {
+    fn sweep(&self) -> Vec<(RecordId, Record)> {
         let mut out = Vec::new();
         for f in self.list() {
             match f {
                 Found::Record(p, r) => out.push((p, *r)),
                 Found::Corrupt(p, problem) => set_aside_corrupt(self, &p, &problem),
                 Found::Future(p, v) => tracing::warn!(
-                    file = %p.display(), version = v, this_version = FORMAT,
+                    file = %p, version = v, this_version = FORMAT,
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
                 ),
                 Found::Unreadable(p, e) => warn_unreadable(&p, &e),

@@ -2,50 +2,49 @@
 //! set aside as corrupt.
 
 use std::io;
-use std::path::Path;
 
-use super::{Aside, Store};
+use super::{Aside, RecordId, Store};
 use crate::locks::record::{Unread, MAX_FILE};
 
 /// Warns about a record this uid may not read (pods sharing a state directory must share a uid).
-pub fn warn_unreadable(path: &Path, error: &str) {
+pub fn warn_unreadable(path: &RecordId, error: &str) {
     tracing::warn!(
-        file = %path.display(), error,
+        file = %path, error,
         "lock-owner record is not readable by this uid and is left alone: pods sharing TFINIT_STATE_DIR must run as the same uid"
     );
 }
 
 /// Warns about a file in `records/` that was left alone unread, saying what to do.
-pub fn warn_left_alone(path: &Path, why: &Unread) {
+pub fn warn_left_alone(path: &RecordId, why: &Unread) {
     match why {
         Unread::NotRegular(kind) => tracing::warn!(
-            file = %path.display(), kind,
+            file = %path, kind,
             "lock-owner record is not a regular file and is left alone: tfinit never opens, follows or renames it; remove it"
         ),
         Unread::TooLarge(bytes) => tracing::warn!(
-            file = %path.display(), bytes, limit = MAX_FILE,
+            file = %path, bytes, limit = MAX_FILE,
             "lock-owner record is larger than tfinit reads and is left alone: a tfinit older than the record size cap may have written it and may still run that terraform; once its owner is gone, check the file by hand (it names the working directory and the lock's Who), then delete it"
         ),
         Unread::Failed(error) => tracing::warn!(
-            file = %path.display(), error,
+            file = %path, error,
             "lock-owner record could not be read and is left alone; it is read again by the next recovery: check the volume"
         ),
     }
 }
 
 /// Sets an unreadable record aside (`*.corrupt`) so it is reported once and never stops anyone.
-pub fn set_aside_corrupt<S: Store + ?Sized>(store: &S, path: &Path, problem: &str) {
+pub fn set_aside_corrupt<S: Store + ?Sized>(store: &S, path: &RecordId, problem: &str) {
     match store.set_aside(path, &Aside::Corrupt(problem.to_string())) {
         Ok(aside) => tracing::warn!(
-            file = %path.display(),
-            renamed_to = %aside.display(),
+            file = %path,
+            renamed_to = %aside,
             problem,
             "lock-owner record cannot be read and was renamed aside; check it by hand, then delete it"
         ),
         // Another pod set it aside first.
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => {
-            tracing::warn!(file = %path.display(), problem, error = %e, "lock-owner record cannot be read, nor renamed aside")
+            tracing::warn!(file = %path, problem, error = %e, "lock-owner record cannot be read, nor renamed aside")
         }
     }
 }

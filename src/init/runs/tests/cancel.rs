@@ -59,7 +59,7 @@ fn a_forced_cancel_kills_the_group_at_once_and_the_killed_locking_run_keeps_its_
     w.ask(1, &["apply"], t);
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     w.feed(landed, t);
     w.start(r(1), 100);

@@ -112,7 +112,7 @@ fn dead_record(workdir: &str) -> Entry {
         nonce: None,
     };
     Entry {
-        path: PathBuf::from(format!("/state/records/{workdir}.json")),
+        path: PathBuf::from(format!("/state/records/{workdir}.json")).into(),
         workdir: PathBuf::from(workdir),
         who: "@pod-old".into(),
         facts: Facts {

@@ -33,7 +33,7 @@ fn a_locking_run_waits_for_the_store_then_for_its_record_then_starts() {
 
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     let acts = w.feed(landed, t);
     assert_eq!(names(&acts), ["spawn r1"]);

@@ -82,7 +82,7 @@ fn a_killed_locking_run_keeps_its_record_marked_ended_and_its_leftovers_go() {
     w.ask(1, &["apply"], t);
     let landed = Completion::Created {
         run: r(1),
-        result: Ok(PathBuf::from("/state/records/r1.json")),
+        result: Ok("/state/records/r1.json".into()),
     };
     assert_eq!(names(&w.feed(landed, t)), ["spawn r1"]);
     w.start(r(1), 100);
@@ -117,7 +117,7 @@ fn the_fence_stops_recorded_runs_and_refuses_the_next_one_whose_record_lands() {
     w.ask(1, &["apply"], t);
     let landed = |n| Completion::Created {
         run: r(n),
-        result: Ok(PathBuf::from(format!("/state/records/r{n}.json"))),
+        result: Ok(PathBuf::from(format!("/state/records/r{n}.json")).into()),
     };
     w.feed(landed(1), t);
     w.start(r(1), 100);

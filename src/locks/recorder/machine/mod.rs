@@ -18,7 +18,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +33,7 @@ use super::queue::{Job, Queue};
 use super::{Beat, Completion, Entry, Request, WriteError};
 use crate::locks::names::RunId;
 use crate::locks::record::{FileId, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
+use crate::locks::record_id::RecordId;
 
 /// How long the heartbeat of an owner without records is kept after it went silent.
 const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -83,7 +83,7 @@ pub enum Op {
     /// Write this record, new or rewritten (`Store::write`). Answer: [`Outcome::Written`].
     Write(Box<Record>),
     /// Remove this record (`Store::remove`). Answer: [`Outcome::Removed`].
-    Remove(PathBuf),
+    Remove(RecordId),
 }
 
 /// This incarnation's lock file, as [`Op::Open`] took it.
@@ -129,7 +129,7 @@ pub enum Outcome {
         named_done: Instant,
     },
     /// [`Op::Write`]: the record's id, or why not.
-    Written(io::Result<PathBuf>),
+    Written(io::Result<RecordId>),
     /// [`Op::Remove`].
     Removed(io::Result<()>),
 }
@@ -218,7 +218,7 @@ pub struct Machine {
     passwd_user: Option<String>,
     host: String,
     /// Records on the volume, by run, with their last content.
-    written: HashMap<RunId, (PathBuf, Record)>,
+    written: HashMap<RunId, (RecordId, Record)>,
     /// When the last heartbeat write that succeeded started.
     last_heartbeat: Option<Instant>,
     /// The sequence number of the last heartbeat written (or tried).

@@ -3,12 +3,12 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::path::PathBuf;
 
 use super::{AfterBeat, Doing, Machine, Now, Op};
 use crate::locks::liveness::fresh_enough;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
+use crate::locks::record_id::RecordId;
 use crate::locks::recorder::{Completion, Request, WriteError};
 use crate::locks::who::who_for;
 
@@ -20,7 +20,7 @@ pub(super) enum Unclosed {
         /// The run.
         run: RunId,
         /// The record.
-        path: PathBuf,
+        path: RecordId,
     },
     /// The record is to be rewritten as ended (this content).
     End {
@@ -45,7 +45,7 @@ pub(super) enum Writing {
     Create { run: RunId, record: Box<Record> },
     Progress { run: RunId },
     End { run: RunId },
-    Remove { run: RunId, path: PathBuf },
+    Remove { run: RunId, path: RecordId },
 }
 
 impl Machine {
@@ -214,7 +214,7 @@ impl Machine {
     }
 
     /// A record write returned (or, for a run without a record, was not needed).
-    pub(super) fn wrote(&mut self, what: Writing, n: usize, result: io::Result<PathBuf>) {
+    pub(super) fn wrote(&mut self, what: Writing, n: usize, result: io::Result<RecordId>) {
         let c = match what {
             Writing::Create { run, record } => {
                 let result = match result {
@@ -251,7 +251,7 @@ impl Machine {
     pub(super) fn rewritten(
         &self,
         run: RunId,
-        result: io::Result<PathBuf>,
+        result: io::Result<RecordId>,
     ) -> Result<(), WriteError> {
         if !self.written.contains_key(&run) {
             return Err(WriteError::NoRecord);

@@ -1,0 +1,312 @@
+//! Which store records go to (TFINIT_STORE), decided where the store is first opened: on the
+//! recorder thread or in a helper process, never on the PID-1 loop.
+//!
+//! | TFINIT_STORE | in-cluster configuration | first answer to a list of Leases | records go to |
+//! |---|---|---|---|
+//! | `file` | (not read) | (none sent) | TFINIT_STATE_DIR |
+//! | `auto` (default) | missing (not in a pod, no token) | (none sent) | TFINIT_STATE_DIR, one line saying why and the Role rule |
+//! | `auto` | there | 200 | the Leases of the namespace |
+//! | `auto` | there | 401, 403 | TFINIT_STATE_DIR, one line saying why and the Role rule |
+//! | `auto` | there | none (down, hung, 5xx, 429) | nowhere yet: the store has not answered (the `Unseen` rule), asked again at the next open |
+//! | `kubernetes` | missing | (none sent) | nowhere: every open fails, saying why |
+//! | `kubernetes` | there | any | the Leases of the namespace (an error is the store's error) |
+//!
+//! With the Leases chosen, TFINIT_STATE_DIR, where it is a usable directory, is read too: a pod
+//! whose predecessor wrote files (an upgrade, a changed setting) still finds their records, and
+//! the incarnation's lock file stays there so the kernel's proof keeps the container-restart
+//! fast path. New records and heartbeats go to the Leases only.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::config::StoreSetting;
+use crate::kube::{Client, Config, Deadlines, ROLE_RULE};
+use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
+
+use super::{Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
+
+/// The store for `setting`: files in `state_dir`, Leases of the pod's namespace for incarnation
+/// `me` (stating `ttl`), or the choice between them made at the first call. Reads the in-cluster
+/// configuration's files (small, local) but sends nothing.
+pub fn chosen(
+    setting: StoreSetting,
+    state_dir: &Path,
+    me: &Owner,
+    ttl: Duration,
+) -> Box<dyn Store> {
+    if setting == StoreSetting::File {
+        return Box::new(FileStore::new(state_dir));
+    }
+    let api = Config::in_cluster()
+        .map(|config| KubeStore::new(Client::new(config, Deadlines::default()), me, ttl))
+        .map_err(|e| e.to_string());
+    chosen_with(setting, state_dir, api)
+}
+
+/// [`chosen`] with the Kubernetes store given (`api`), or why there is none.
+pub fn chosen_with(
+    setting: StoreSetting,
+    state_dir: &Path,
+    api: Result<KubeStore, String>,
+) -> Box<dyn Store> {
+    let file = FileStore::new(state_dir);
+    let choice = match (setting, api) {
+        (StoreSetting::File, _) => return Box::new(file),
+        (StoreSetting::Kubernetes, Ok(kube)) => Choice::Kube(kube),
+        (StoreSetting::Kubernetes, Err(e)) => Choice::Unusable(format!(
+            "TFINIT_STORE=kubernetes, but the Kubernetes API cannot be found: {e}"
+        )),
+        (StoreSetting::Auto, Ok(kube)) => Choice::Undecided(kube),
+        (StoreSetting::Auto, Err(e)) => {
+            tracing::info!(
+                state_dir = %state_dir.display(),
+                "lock-owner records go to TFINIT_STATE_DIR: {e}. In a pod whose service account may list Leases in its namespace (a Role with the rule {ROLE_RULE}, bound by a RoleBinding), they go to the Kubernetes API and need no volume"
+            );
+            return Box::new(file);
+        }
+    };
+    Box::new(Chosen {
+        file,
+        choice: Mutex::new(choice),
+    })
+}
+
+/// The store TFINIT_STORE chose, or is choosing.
+struct Chosen {
+    file: FileStore,
+    choice: Mutex<Choice>,
+}
+
+enum Choice {
+    /// `auto`, and the API has not answered yet.
+    Undecided(KubeStore),
+    /// The Leases; the files too, for reading, when the state directory opened.
+    Kube(KubeStore),
+    /// Files only (`auto`, and the API refused the service account).
+    File,
+    /// `kubernetes`, and there is no API to use: why.
+    Unusable(String),
+}
+
+/// What a call goes to.
+enum Target<'a> {
+    Kube(&'a KubeStore, Option<&'a FileStore>),
+    File(&'a FileStore),
+    /// No store to write to (yet): why.
+    None(String),
+}
+
+impl Chosen {
+    fn with<T>(&self, f: impl FnOnce(Target<'_>) -> T) -> T {
+        let mut choice = match self.choice.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        // A helper process reads without opening: it decides at its first call.
+        let unanswered = decide(&mut choice, &self.file).err();
+        match &*choice {
+            Choice::Kube(k) => f(Target::Kube(k, self.file_readable().then_some(&self.file))),
+            Choice::File => f(Target::File(&self.file)),
+            Choice::Undecided(_) => f(Target::None(match unanswered {
+                Some(e) => format!("the Kubernetes API has not answered yet: {e}"),
+                None => "the Kubernetes API has not answered yet".into(),
+            })),
+            Choice::Unusable(why) => f(Target::None(why.clone())),
+        }
+    }
+
+    /// Whether the state directory holds tfinit's directories (it opened, now or before).
+    fn file_readable(&self) -> bool {
+        self.file.dir().join("records").is_dir()
+    }
+}
+
+/// Decides an `auto` store (`choice`) on the API's first answer; the error of an API that did
+/// not answer (the choice stays open).
+fn decide(choice: &mut Choice, file: &FileStore) -> io::Result<()> {
+    let Choice::Undecided(kube) = &*choice else {
+        return Ok(());
+    };
+    match kube.open(Duration::ZERO) {
+        Ok(()) => {
+            tracing::info!(store = %kube.location(), "lock-owner records go to the Kubernetes API");
+            if let Choice::Undecided(kube) = std::mem::replace(choice, Choice::File) {
+                *choice = Choice::Kube(kube);
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            tracing::warn!(
+                state_dir = %file.dir().display(),
+                "lock-owner records go to TFINIT_STATE_DIR: the Kubernetes API refused this pod's service account ({e}). A Role in the pod's namespace with the rule {ROLE_RULE}, bound to the service account by a RoleBinding, lets them go to the API with no volume"
+            );
+            *choice = Choice::File;
+            Ok(())
+        }
+        // Down, hung, shedding load: a store that has not answered yet, as a hung volume.
+        Err(e) => Err(e),
+    }
+}
+
+fn none(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, why)
+}
+
+impl Store for Chosen {
+    fn location(&self) -> String {
+        self.with(|t| match t {
+            Target::Kube(k, _) => k.location(),
+            Target::File(f) => f.location(),
+            Target::None(why) => format!("no store yet ({why})"),
+        })
+    }
+
+    fn open(&self, stale_temp: Duration) -> io::Result<()> {
+        self.with(|t| match t {
+            Target::Kube(k, _) => {
+                k.open(stale_temp)?;
+                // Read too where usable; a pod without the volume has none, which is fine.
+                if let Err(e) = self.file.open(stale_temp) {
+                    tracing::debug!(state_dir = %self.file.dir().display(), error = %e, "TFINIT_STATE_DIR is not read beside the Kubernetes API");
+                }
+                Ok(())
+            }
+            Target::File(f) => f.open(stale_temp),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+
+    fn list(&self) -> Vec<Found> {
+        self.with(|t| match t {
+            Target::Kube(k, f) => {
+                let mut all = k.list();
+                all.extend(f.map(FileStore::list).unwrap_or_default());
+                all
+            }
+            Target::File(f) => f.list(),
+            Target::None(_) => Vec::new(),
+        })
+    }
+
+    fn read(&self, id: &RecordId) -> io::Result<Record> {
+        self.with(|t| match t {
+            Target::Kube(k, _) if id.as_file().is_none() => k.read(id),
+            Target::Kube(_, _) | Target::File(_) => self.file.read(id),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+
+    fn write(&self, record: &Record) -> io::Result<RecordId> {
+        self.with(|t| match t {
+            // A record of the files (a predecessor's, marked by a recovery) is rewritten there.
+            Target::Kube(_, Some(f)) if f.path_of(record).is_file() => f.write(record),
+            Target::Kube(k, _) => k.write(record),
+            Target::File(f) => f.write(record),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+
+    fn remove(&self, id: &RecordId) -> io::Result<()> {
+        self.with(|t| match t {
+            Target::Kube(k, _) if id.as_file().is_none() => k.remove(id),
+            Target::Kube(_, _) | Target::File(_) => self.file.remove(id),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+
+    fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
+        self.with(|t| match t {
+            Target::Kube(k, _) if id.as_file().is_none() => k.set_aside(id, why),
+            Target::Kube(_, _) | Target::File(_) => self.file.set_aside(id, why),
+            Target::None(text) => Err(none(text)),
+        })
+    }
+
+    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+        self.with(|t| match t {
+            Target::Kube(k, f) => k
+                .read_heartbeat(owner)
+                .or_else(|| f.and_then(|f| f.read_heartbeat(owner))),
+            Target::File(f) => f.read_heartbeat(owner),
+            Target::None(_) => None,
+        })
+    }
+
+    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+        self.with(|t| match t {
+            Target::Kube(k, f) => {
+                let mut all = k.heartbeats_named(name);
+                all.extend(f.map(|f| f.heartbeats_named(name)).unwrap_or_default());
+                all
+            }
+            Target::File(f) => f.heartbeats_named(name),
+            Target::None(_) => Vec::new(),
+        })
+    }
+
+    fn heartbeats(&self) -> Vec<Heartbeat> {
+        self.with(|t| match t {
+            Target::Kube(k, f) => {
+                let mut all = k.heartbeats();
+                all.extend(f.map(FileStore::heartbeats).unwrap_or_default());
+                all
+            }
+            Target::File(f) => f.heartbeats(),
+            Target::None(_) => Vec::new(),
+        })
+    }
+
+    fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
+        self.with(|t| match t {
+            Target::Kube(k, _) => k.write_heartbeat(hb),
+            Target::File(f) => f.write_heartbeat(hb),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+
+    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration) {
+        self.with(|t| match t {
+            Target::Kube(k, f) => {
+                k.prune_heartbeats(records, me, older_than);
+                if let Some(f) = f {
+                    f.prune_heartbeats(records, me, older_than);
+                }
+            }
+            Target::File(f) => f.prune_heartbeats(records, me, older_than),
+            Target::None(_) => {}
+        })
+    }
+
+    fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
+        self.with(|t| match t {
+            Target::Kube(_, Some(f)) | Target::File(f) => f.hold_incarnation_lock(me),
+            Target::Kube(_, None) | Target::None(_) => Ok(None),
+        })
+    }
+
+    fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {
+        self.with(|t| match t {
+            Target::Kube(_, Some(f)) | Target::File(f) => f.incarnation_gone(owner, file),
+            Target::Kube(_, None) | Target::None(_) => None,
+        })
+    }
+
+    fn lock_recovery(&self, wait: Duration) -> io::Result<RecoveryLock> {
+        self.with(|t| match t {
+            Target::Kube(k, f) => {
+                let api = k.lock_recovery(wait)?;
+                let files = f.map(|f| f.lock_recovery(wait)).transpose()?;
+                let fence = api.fence.clone();
+                Ok(RecoveryLock {
+                    _held: Box::new((api, files)),
+                    fence,
+                })
+            }
+            Target::File(f) => f.lock_recovery(wait),
+            Target::None(why) => Err(none(why)),
+        })
+    }
+}

@@ -1,0 +1,202 @@
+//! The Lease store end to end: a pod with no volume at all (TFINIT_STATE_DIR does not exist),
+//! whose records go to the stand-in Kubernetes API over HTTPS with nothing set but the service
+//! account (TFINIT_STORE left at `auto`), is SIGKILLed mid-apply; a replacement pod with another
+//! name, on another node and with no volume either, finds the dead run's record in a Lease and
+//! releases the stuck lock within TTL + 5 s. And the negative: a live pod's lock, held for two
+//! TTLs, is never released by another pod that watches its heartbeat Lease. terraform with the
+//! s3 backend on moto (tests/common/s3_pods.rs), the API stand-in of
+//! tests/common/kube_cluster.rs.
+
+#[macro_use]
+mod common;
+#[path = "common/s3_pods.rs"]
+mod s3_pods;
+
+use std::time::Duration;
+
+use common::kube_cluster::{self, Cluster, NS};
+use common::pods::{apply_once, apply_until_success, attempts, now_ms, Pod, PodSpec, STEP};
+use common::wait_for;
+use s3_pods::*;
+use serde_json::{json, Value};
+
+each_terraform!(a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases);
+
+/// The pod's environment that makes its records go to the API: the service account and the
+/// kubelet's variables, and no usable state directory.
+fn in_cluster(c: &Cluster) -> Vec<(&'static str, String)> {
+    vec![
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+        ("KUBERNETES_SERVICE_PORT", c.api.port.to_string()),
+        ("TFINIT_SERVICE_ACCOUNT_DIR", c.sa.display().to_string()),
+        ("TFINIT_STATE_DIR", "/nonexistent/tfinit-no-volume".into()),
+    ]
+}
+
+/// The records in the API's record Leases (its admin view), parsed.
+fn record_leases(c: &Cluster) -> Vec<Value> {
+    let path = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases?labelSelector=tfinit.dev%2Fkind%3Drecord"
+    );
+    let (code, list) = c.api.call("GET", &path, None, "application/json");
+    assert_eq!(code, 200, "{list}");
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| {
+            serde_json::from_str(l["metadata"]["annotations"]["tfinit.dev/record"].as_str()?).ok()
+        })
+        .collect()
+}
+
+fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraform) {
+    if !have_deps() || !kube_cluster::have_deps() {
+        return;
+    }
+    let w = S3World::with("kube-kill", tf, S3Lock::Table);
+    let c = Cluster::start("kube-kill-api");
+
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "30".into()));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_once(&w.tmp.join("pod-a.out"), "-var=token=hunter2"),
+            env,
+        },
+    );
+    let rec = wait_for(
+        STEP,
+        "pod-a's record Lease with null_resource.a in progress",
+        || {
+            record_leases(&c)
+                .into_iter()
+                .find(|r| r["in_progress"] == json!(["null_resource.a"]))
+        },
+    );
+    wait_for(STEP, "pod-a's lock in the backend", || w.held());
+    assert_eq!(rec["owner"]["name"], "pod-a");
+    assert!(w.records().is_empty(), "nothing written to files");
+    let log = pod_a.log();
+    assert!(
+        log.contains("lock-owner records go to the Kubernetes API"),
+        "{log}"
+    );
+
+    pod_a.kill();
+    let lock = w.held().expect("the lock is stuck after the pod died");
+    assert_eq!(lock["Who"], rec["who"]);
+
+    // pod-b: another name, another node, no volume; it finds pod-a's record in its Lease and
+    // watches pod-a's heartbeat Lease for pod-a's TTL before it releases anything.
+    let out = w.tmp.join("pod-b.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "0".into()));
+    let b_started = now_ms();
+    let mut pod_b = Pod::start_on_other_node(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: None,
+            script: apply_until_success(&out, 30),
+            env,
+        },
+        "00000000-0000-4000-8000-00000000000b",
+    );
+    let st = pod_b.wait();
+    let log = pod_b.log();
+    assert!(st.success(), "pod-b never succeeded: {log}");
+    let tries = attempts(&out);
+    let ok = tries.last().unwrap();
+    assert!(ok.ok, "{tries:?}");
+    let ttl = TTL.as_millis() as u64;
+    assert!(
+        ok.end >= b_started + ttl,
+        "released before pod-b could know pod-a dead: {tries:?}"
+    );
+    let within = Duration::from_secs(5).as_millis() as u64;
+    assert!(
+        ok.end <= b_started + ttl + within,
+        "not recovered within TTL + 5 s: {} ms after pod-b started; {tries:?}\n{log}",
+        ok.end - b_started
+    );
+    assert!(w.held().is_none(), "the lock is released");
+    assert!(
+        record_leases(&c).is_empty(),
+        "the dead run's record is resolved"
+    );
+}
+
+#[test]
+fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_lease() {
+    if !have_deps() || !kube_cluster::have_deps() {
+        return;
+    }
+    let w = S3World::new("kube-live");
+    let c = Cluster::start("kube-live-api");
+    // pod-a's apply lasts two TTLs: only its heartbeat Lease tells pod-b that it is alive.
+    let a_out = w.tmp.join("pod-a.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", (2 * TTL.as_secs()).to_string()));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_once(&a_out, ""),
+            env,
+        },
+    );
+    let lock = wait_for(STEP, "pod-a's lock", || w.held());
+    wait_for(STEP, "pod-a's record Lease", || record_leases(&c).pop());
+    let b_out = w.tmp.join("pod-b.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "0".into()));
+    let mut pod_b = Pod::start_on_other_node(
+        &w,
+        PodSpec {
+            name: "pod-b",
+            uid: None,
+            script: apply_until_success(&b_out, 30),
+            env,
+        },
+        "00000000-0000-4000-8000-00000000000b",
+    );
+    assert!(pod_a.wait().success(), "{}", pod_a.log());
+    let a_done: Vec<u64> = common::read(&a_out)
+        .lines()
+        .filter_map(|l| l.strip_prefix("done 0 ").map(|t| t.trim().parse().unwrap()))
+        .collect();
+    assert_eq!(
+        a_done.len(),
+        1,
+        "pod-a's apply succeeded: {}",
+        common::read(&a_out)
+    );
+    assert!(pod_b.wait().success(), "{}", pod_b.log());
+    let tries = attempts(&b_out);
+    assert!(
+        tries.iter().any(|t| !t.ok),
+        "pod-b overlapped pod-a's apply: {tries:?}"
+    );
+    for t in tries.iter().filter(|t| t.end < a_done[0]) {
+        assert!(
+            !t.ok,
+            "attempt {} succeeded during pod-a's apply: {tries:?}",
+            t.n
+        );
+    }
+    assert!(tries.last().unwrap().ok);
+    let log = pod_b.log();
+    assert!(!log.contains("force-unlock"), "{log}");
+    assert!(
+        !common::read(&a_out.with_extension("out.1")).contains("Error releasing the state lock"),
+        "pod-a released its own lock ({})",
+        lock["ID"]
+    );
+    assert!(record_leases(&c).is_empty());
+    w.assert_state_consistent();
+}

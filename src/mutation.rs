@@ -4,7 +4,7 @@
 //!
 //! Only the cargo feature `mutation` can turn a guard off, and only the tests enable it (the crate
 //! is its own dev-dependency with that feature, so `cargo build --release` never has it): without
-//! it [`on`] is the constant `true` and [`disable`] does not exist. With it, the switch is
+//! it [`on`] is the constant `true` and `disable` does not exist. With it, the switch is
 //! per thread, so tests running side by side in one process do not see each other's.
 
 /// A safety guard of the liveness and recovery rules (docs/reliability.md, "Mutation check").
@@ -55,7 +55,7 @@ fn bit(guard: Guard) -> u32 {
     1 << guard as u32
 }
 
-/// Whether `guard` is on: always, unless this thread turned it off ([`disable`], tests only).
+/// Whether `guard` is on: always, unless this thread turned it off (`disable`, tests only).
 #[inline(always)]
 pub fn on(guard: Guard) -> bool {
     #[cfg(feature = "mutation")]

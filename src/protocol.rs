@@ -336,9 +336,9 @@ pub struct CancelRequest {
 pub struct RunRequest {
     /// Absolute path of the real terraform binary (resolved by the shim).
     pub program: String,
-    /// The argv[0] the shim was invoked with (kept for terraform).
+    /// The `argv[0]` the shim was invoked with (kept for terraform).
     pub argv0: String,
-    /// Arguments after argv[0].
+    /// Arguments after `argv[0]`.
     pub args: Vec<String>,
     /// Working directory.
     pub cwd: String,

@@ -45,7 +45,7 @@ enum Conversation {
 /// What a client asks, frame by frame.
 #[derive(Debug)]
 pub(super) enum Input {
-    /// Start terraform (validated: absolute program and cwd, an argv[0]).
+    /// Start terraform (validated: absolute program and cwd, an `argv[0]`).
     Run {
         /// The request.
         request: RunRequest,

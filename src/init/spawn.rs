@@ -116,7 +116,7 @@ fn output_pipe() -> Result<(OwnedFd, OwnedFd), StartError> {
 }
 
 /// Starts the real terraform for a shim's request, in its own process group, with the shim's
-/// argv[0], arguments, working directory and environment. `stdin` is the shim's stdin, passed
+/// `argv[0]`, arguments, working directory and environment. `stdin` is the shim's stdin, passed
 /// over the socket; None means /dev/null. `lock` is the incarnation's lock file: terraform (and
 /// every process it starts) inherits it, so the kernel frees its flock only when they are all gone.
 pub(super) fn terraform(

@@ -121,7 +121,7 @@ pub struct Invocation {
 pub const READ_ONLY: [&str; 6] = ["version", "providers", "output", "show", "validate", "fmt"];
 
 impl Invocation {
-    /// Parses terraform's arguments (without argv[0]) in the run's environment (`KEY=VALUE`).
+    /// Parses terraform's arguments (without `argv[0]`) in the run's environment (`KEY=VALUE`).
     pub fn parse(args: &[String], env: &[String]) -> Invocation {
         let (chdir, args) = take_chdir(args);
         let typed = find_subcommand(&args).map_or(String::new(), |(s, e)| args[s..e].join(" "));
@@ -310,7 +310,7 @@ pub(super) mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    /// Whether terraform with `args` (after argv[0]) and environment `env` takes the state lock.
+    /// Whether terraform with `args` (after `argv[0]`) and environment `env` takes the state lock.
     pub(super) fn locks_with(env: &[&str], args: &[&str]) -> bool {
         Invocation::parse(&s(args), &s(env)).takes_lock()
     }

@@ -151,7 +151,7 @@ pub struct Table {
     /// One read of the heartbeat of each incarnation with records, and of every other
     /// incarnation of our own name.
     pub beats: Vec<Beat>,
-    /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`]).
+    /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`](crate::locks::store::Store::incarnation_gone)).
     pub gone: Vec<String>,
     /// The incarnations with records a process of which holds their lock file: alive, whatever
     /// their heartbeat does.

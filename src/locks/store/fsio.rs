@@ -234,7 +234,7 @@ pub(super) fn unique_suffix() -> String {
     )
 }
 
-/// The suffix of [`unique_suffix`] from its parts (at most [`SUFFIX_MAX`] bytes: `nanos` is below
+/// The suffix of [`unique_suffix`] from its parts (at most `SUFFIX_MAX` bytes: `nanos` is below
 /// 10^9).
 pub(super) fn suffix_of(pid: u32, ms: u64, nanos: u32, n: u64) -> String {
     format!("{pid}.{ms}.{nanos}.{n}")

@@ -4,7 +4,7 @@
 use crate::locks::record::{FileId, Heartbeat, Owner};
 use crate::mutation::{self, Guard};
 
-/// [`Store::kernel_proof`]'s rule, given `gone`, the store's [`Store::incarnation_gone`] for
+/// [`Store::kernel_proof`](super::Store::kernel_proof)'s rule, given `gone`, the store's [`Store::incarnation_gone`](super::Store::incarnation_gone) for
 /// `owner` (the simulation calls it with its model of the kernel).
 pub fn kernel_proof_with(
     me: &Owner,

@@ -141,7 +141,7 @@ pub trait Store: Send {
     /// filesystem of this kernel, it is the file `file` (device and inode, as the incarnation's
     /// heartbeat names it: a file that replaced it at that path proves nothing), and its flock is
     /// free. Some(false): it is held (alive); None: nothing proven (network filesystem, no lock
-    /// file, another file, an error). Callers go through [`kernel_proof`], which checks the rest.
+    /// file, another file, an error). Callers go through [`kernel_proof`](Store::kernel_proof), which checks the rest.
     /// A store with no lock file proves nothing: the default.
     fn incarnation_gone(&self, _owner: &Owner, _file: FileId) -> Option<bool> {
         None

@@ -16,7 +16,7 @@ use crate::locks::book::{Book, Event, NewRun, Start};
 use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner};
-use crate::locks::recorder::{Completion, Recorder, Request};
+use crate::locks::recorder::{Completion, Recorder, Work};
 use crate::locks::store;
 
 /// The longest the init's exit waits for queued and in-flight record writes. The least
@@ -121,7 +121,7 @@ pub(super) struct Records {
     older_ttl: Duration,
     /// What was sent to the recorder, for the tests (they have no recorder thread).
     #[cfg(test)]
-    sent: Vec<Request>,
+    sent: Vec<Work>,
 }
 
 impl Records {
@@ -231,7 +231,7 @@ impl Records {
 
     /// Queues storage work; never blocks. A recorder that is gone (its thread died) makes the
     /// store unusable: runs go on without records.
-    fn send(&mut self, request: Request) -> Vec<RecordEvent> {
+    fn send(&mut self, request: Work) -> Vec<RecordEvent> {
         #[cfg(test)]
         self.sent.push(request.clone());
         let Some(recorder) = &self.recorder else {
@@ -294,7 +294,7 @@ impl Records {
     /// Registers a state-locking run and decides whether it waits for its record (until
     /// `deadline`, or TFINIT_RECORD_TIMEOUT from `now`): the create to send, or None when
     /// terraform starts at once without a record (after the notice, when there is one).
-    fn create(&mut self, s: Subject, now: Instant, deadline: Option<Instant>) -> Option<Request> {
+    fn create(&mut self, s: Subject, now: Instant, deadline: Option<Instant>) -> Option<Work> {
         let now_ms = record::now_ms();
         let new = NewRun {
             run: s.run,
@@ -333,7 +333,7 @@ impl Records {
             ttl_ms: Some(self.ttl.as_millis() as u64),
             data_dir,
         };
-        Some(Request::Create {
+        Some(Work::Create {
             run: s.run,
             record: Box::new(rec),
             env: s.env,
@@ -386,7 +386,7 @@ impl Records {
     }
 
     /// What was sent to the recorder since the last call.
-    pub(super) fn take_sent(&mut self) -> Vec<Request> {
+    pub(super) fn take_sent(&mut self) -> Vec<Work> {
         std::mem::take(&mut self.sent)
     }
 }
@@ -465,7 +465,7 @@ mod tests {
         let mut r = opened_book(t0);
         let r1 = RunId::from(1);
         assert_eq!(begin(&mut r, r1, t0), vec![]);
-        let [Request::Create { run, record, .. }] = &r.take_sent()[..] else {
+        let [Work::Create { run, record, .. }] = &r.take_sent()[..] else {
             panic!("a create");
         };
         assert_eq!((*run, record.run_id.as_str()), (r1, "r1"));
@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(r.feed(landed, t0), vec![RecordEvent::Settled(r1)]);
         assert!(r.book().record(r1).is_some_and(RecordStatus::may_exist));
         assert_eq!(close(&mut r, r1, t0), vec![]);
-        assert_eq!(r.take_sent(), vec![Request::Remove { run: r1 }]);
+        assert_eq!(r.take_sent(), vec![Work::Remove { run: r1 }]);
     }
 
     #[test]

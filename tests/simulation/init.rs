@@ -13,7 +13,7 @@ use tfinit::locks::book::{Event, Launch, NewRun, Start};
 use tfinit::locks::liveness::{last_alive_ms, Facts};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Record, FORMAT};
-use tfinit::locks::recorder::Request;
+use tfinit::locks::recorder::Work;
 use tfinit::locks::recover::CLOCK_SKEW;
 use tfinit::locks::who::who_host;
 
@@ -324,7 +324,7 @@ impl World {
                 self.incs[inc].runs.insert(k, run);
                 self.send_request(
                     inc,
-                    Request::Create {
+                    Work::Create {
                         run: id,
                         record: Box::new(record),
                         env: Vec::new(),
@@ -403,13 +403,10 @@ impl World {
     }
 
     /// records.rs: a request to the recorder (its channel), counted while it is a write.
-    fn send_request(&mut self, inc: usize, r: Request) {
+    fn send_request(&mut self, inc: usize, r: Work) {
         if matches!(
             r,
-            Request::Create { .. }
-                | Request::Progress { .. }
-                | Request::End { .. }
-                | Request::Remove { .. }
+            Work::Create { .. } | Work::Progress { .. } | Work::End { .. } | Work::Remove { .. }
         ) {
             self.incs[inc].writes += 1;
         }

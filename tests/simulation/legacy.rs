@@ -26,7 +26,7 @@ use tfinit::locks::liveness::Facts;
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Heartbeat, Owner};
 use tfinit::locks::record_id::RecordId;
-use tfinit::locks::recorder::{Entry, Request};
+use tfinit::locks::recorder::{Entry, Work};
 
 /// Old `owner_dead_at` (without its log line): why `rec`'s owner is dead at `now_ms` given the
 /// heartbeat of its NAME, or None.
@@ -311,7 +311,7 @@ impl Book {
     }
 
     /// Old `exited`.
-    pub fn exited(&mut self, run: RunId, ended: Option<Ended>) -> Option<Request> {
+    pub fn exited(&mut self, run: RunId, ended: Option<Ended>) -> Option<Work> {
         let r = self.runs.remove(&run)?;
         if !r.record.may_exist() {
             return None;
@@ -325,12 +325,12 @@ impl Book {
             },
         );
         Some(match ended {
-            Some(ended) => Request::End {
+            Some(ended) => Work::End {
                 run,
                 ended,
                 in_progress: Vec::new(),
             },
-            None => Request::Remove { run },
+            None => Work::Remove { run },
         })
     }
 
@@ -543,9 +543,9 @@ impl Book {
     }
 
     /// Old `recovery_done`.
-    pub fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Request {
+    pub fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Work {
         self.recovered.insert(workdir.to_path_buf(), now);
-        Request::Rescan
+        Work::Rescan
     }
 
     /// Old `live_runs` (no passwd entry: `@host`).

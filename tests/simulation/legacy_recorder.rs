@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Ended, Heartbeat, Record};
-use tfinit::locks::recorder::{Entry, Request, WriteError};
+use tfinit::locks::recorder::{Entry, Work, WriteError};
 
 use super::exec::{list, Sim, WaitFor};
 use super::legacy::{Completion, Table};
@@ -44,20 +44,20 @@ enum Next {
 impl Queue {
     /// Adds a request; returns the runs whose queued create it cancelled (a removal of a run
     /// whose create never started) and how many queued end-markings it dropped.
-    fn push(&mut self, r: Request) -> (Vec<RunId>, usize) {
+    fn push(&mut self, r: Work) -> (Vec<RunId>, usize) {
         let job = match r {
-            Request::Heartbeat => {
+            Work::Heartbeat => {
                 self.heartbeat = true;
                 return (Vec::new(), 0);
             }
-            Request::Rescan => {
+            Work::Rescan => {
                 self.rescan = true;
                 return (Vec::new(), 0);
             }
-            Request::Create { run, record, .. } => Job::Create { run, record },
-            Request::End { run, ended, .. } => Job::End { run, ended },
-            Request::Remove { run } => Job::Remove { run },
-            Request::Progress { .. } => return (Vec::new(), 0),
+            Work::Create { run, record, .. } => Job::Create { run, record },
+            Work::End { run, ended, .. } => Job::End { run, ended },
+            Work::Remove { run } => Job::Remove { run },
+            Work::Progress { .. } => return (Vec::new(), 0),
         };
         let mut cancelled = Vec::new();
         let mut dropped = 0;

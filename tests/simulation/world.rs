@@ -16,7 +16,7 @@ use tfinit::locks::book::{Book, LiveRun};
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
-use tfinit::locks::recorder::Request;
+use tfinit::locks::recorder::Work;
 
 use super::check::{Obligation, Stats, Violation, CALM_OP_MAX};
 use super::legacy;
@@ -392,7 +392,7 @@ pub struct Inc {
     /// Completions not yet taken by the loop.
     pub inbox: Vec<Comp>,
     /// Requests sent to the recorder and not taken yet (the channel).
-    pub requests: Vec<Request>,
+    pub requests: Vec<Work>,
     /// Record write requests sent and not done (the handle's count, for the exit's wait).
     pub writes: usize,
     /// The recorder task.

@@ -42,7 +42,7 @@ pub use store_state::{StoreState, NOT_ANSWERING_EVERY};
 pub enum Start {
     /// Start terraform now without a record; log the notice first, when there is one.
     Unrecorded(Option<Notice>),
-    /// Send [`Request::Create`](super::recorder::Request::Create) now; the run waits in
+    /// Send [`Work::Create`](super::recorder::Work::Create) now; the run waits in
     /// `recording` until an [`Event::Start`] for it, at the latest `deadline` (then
     /// [`Book::tick`] gives that event).
     Record {

@@ -9,7 +9,7 @@ use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
 use crate::locks::record::Ended;
 use crate::locks::record_id::RecordId;
-use crate::locks::recorder::{Entry, Request, WriteError};
+use crate::locks::recorder::{Entry, Work, WriteError};
 use crate::locks::who::who_for;
 
 /// A state-locking run's record.
@@ -193,11 +193,11 @@ impl Book {
 
     /// The request for a run's new set of resources in progress, when its record is (or may be)
     /// on the volume.
-    pub fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Request> {
+    pub fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Work> {
         let r = self.runs.get(&run)?;
         r.record
             .may_exist()
-            .then_some(Request::Progress { run, in_progress })
+            .then_some(Work::Progress { run, in_progress })
     }
 
     /// The run is over (exited, or refused while `recording`): forgets it as live, and returns
@@ -208,7 +208,7 @@ impl Book {
         run: RunId,
         ended: Option<Ended>,
         in_progress: Vec<String>,
-    ) -> Option<Request> {
+    ) -> Option<Work> {
         let r = self.runs.remove(&run)?;
         if !r.record.may_exist() {
             return None;
@@ -227,12 +227,12 @@ impl Book {
             },
         );
         Some(match ended {
-            Some(ended) => Request::End {
+            Some(ended) => Work::End {
                 run,
                 ended,
                 in_progress,
             },
-            None => Request::Remove { run },
+            None => Work::Remove { run },
         })
     }
 
@@ -432,7 +432,7 @@ mod tests {
         // Shutdown refuses the run while its create is in flight.
         assert_eq!(
             b.exited(RunId::from(1), None, vec![]),
-            Some(Request::Remove {
+            Some(Work::Remove {
                 run: RunId::from(1)
             })
         );

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{Book, Event, Notice, StoreState};
 use crate::locks::liveness::{run_state, RunState, Seen, Token, Verdict};
-use crate::locks::recorder::{Entry, Request, Table};
+use crate::locks::recorder::{Entry, Table, Work};
 
 impl Book {
     /// The last table of records, and what is counted of it.
@@ -159,9 +159,9 @@ impl Book {
     }
 
     /// A recovery in `workdir` finished: returns the rescan to send.
-    pub fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Request {
+    pub fn recovery_done(&mut self, workdir: &Path, now: Instant) -> Work {
         self.recovered.insert(workdir.to_path_buf(), now);
-        Request::Rescan
+        Work::Rescan
     }
 }
 
@@ -332,7 +332,7 @@ mod tests {
         let req = b.exited(RunId::from(1), Some(end.clone()), vec!["a".into()]);
         assert_eq!(
             req,
-            Some(Request::End {
+            Some(Work::End {
                 run: RunId::from(1),
                 ended: end,
                 in_progress: vec!["a".into()]
@@ -356,7 +356,7 @@ mod tests {
         // The ended record counts before any rescan shows it.
         assert!(b.needs_recovery(w, t));
         let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(b.recovery_done(w, t2), Request::Rescan);
+        assert_eq!(b.recovery_done(w, t2), Work::Rescan);
         assert!(
             !b.needs_recovery(w, t),
             "resolved until the rescan says otherwise"
@@ -403,7 +403,7 @@ mod tests {
         };
         assert!(matches!(
             b.exited(RunId::from(1), Some(ended), vec![]),
-            Some(Request::End { .. })
+            Some(Work::End { .. })
         ));
         assert!(b.needs_recovery(wd, now), "the end-marking is queued");
         assert!(!b.may_recover(wd), "but the recovery waits for it");

@@ -4,7 +4,7 @@
 //! progress, end and remove, and the scans for dead owners' records), so the loop never waits on
 //! the volume.
 //!
-//! The loop sends [`Request`]s over an unbounded channel (a send never blocks) and takes
+//! The loop sends [`Work`]s over an unbounded channel (a send never blocks) and takes
 //! [`Completion`]s back when the recorder's eventfd, registered in its epoll set, is readable.
 //! The thread is started after main blocked the signals, inherits that mask and changes nothing
 //! in it: every signal stays for the loop's signalfd.
@@ -78,7 +78,7 @@ impl From<io::Error> for WriteError {
 
 /// Work for the recorder.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
+pub enum Work {
     /// Refresh this owner's heartbeat now (ahead of any record write), then rescan. The recorder
     /// also does this by itself every TTL/3 while the store is open.
     Heartbeat,

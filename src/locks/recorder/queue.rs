@@ -3,16 +3,16 @@
 
 use std::collections::VecDeque;
 
-use super::Request;
+use super::Work;
 use crate::locks::names::RunId;
 
 /// One unit of work picked from the [`Queue`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Job {
+pub(crate) enum Chore {
     Heartbeat,
     Rescan,
     /// A record write, and how many write requests it stands for (merged progress).
-    Write(Request, usize),
+    Write(Work, usize),
 }
 
 /// Requests waiting in the recorder, in the order they are done. Pure: no I/O.
@@ -20,17 +20,17 @@ pub(crate) enum Job {
 pub(crate) struct Queue {
     heartbeat: bool,
     rescan: bool,
-    writes: VecDeque<(Request, usize)>,
+    writes: VecDeque<(Work, usize)>,
 }
 
 impl Queue {
     /// Adds `r`. Returns the creates it cancelled (a remove for a run whose create never
     /// started) and how many write requests it dropped, so each still gets its answer.
-    pub(crate) fn push(&mut self, r: Request) -> (Vec<RunId>, usize) {
+    pub(crate) fn push(&mut self, r: Work) -> (Vec<RunId>, usize) {
         match r {
-            Request::Heartbeat => self.heartbeat = true,
-            Request::Rescan => self.rescan = true,
-            Request::Progress {
+            Work::Heartbeat => self.heartbeat = true,
+            Work::Rescan => self.rescan = true,
+            Work::Progress {
                 ref run,
                 ref in_progress,
             } => {
@@ -41,7 +41,7 @@ impl Queue {
                     .rev()
                     .find(|(w, _)| run_of(w) == Some(*run));
                 if let Some((
-                    Request::Progress {
+                    Work::Progress {
                         in_progress: queued,
                         ..
                     },
@@ -54,20 +54,20 @@ impl Queue {
                 }
                 self.writes.push_back((r, 1));
             }
-            Request::End { ref run, .. } => {
+            Work::End { ref run, .. } => {
                 // The end carries the final in-progress set: queued progress is superseded.
-                let dropped = self.drop_where(*run, |w| matches!(w, Request::Progress { .. }));
+                let dropped = self.drop_where(*run, |w| matches!(w, Work::Progress { .. }));
                 self.writes.push_back((r, 1));
                 return (Vec::new(), dropped);
             }
-            Request::Remove { ref run } => {
+            Work::Remove { ref run } => {
                 let mut cancelled = Vec::new();
                 let mut dropped = 0;
                 self.writes.retain(|(w, n)| {
                     if run_of(w) != Some(*run) {
                         return true;
                     }
-                    if matches!(w, Request::Create { .. }) {
+                    if matches!(w, Work::Create { .. }) {
                         cancelled.push(*run);
                     } else {
                         dropped += n;
@@ -77,12 +77,12 @@ impl Queue {
                 self.writes.push_back((r, 1));
                 return (cancelled, dropped);
             }
-            Request::Create { .. } => self.writes.push_back((r, 1)),
+            Work::Create { .. } => self.writes.push_back((r, 1)),
         }
         (Vec::new(), 0)
     }
 
-    fn drop_where(&mut self, run: RunId, f: impl Fn(&Request) -> bool) -> usize {
+    fn drop_where(&mut self, run: RunId, f: impl Fn(&Work) -> bool) -> usize {
         let mut dropped = 0;
         self.writes.retain(|(w, n)| {
             let drop = run_of(w) == Some(run) && f(w);
@@ -97,31 +97,31 @@ impl Queue {
     /// The next job: the heartbeat, then the oldest create (a run waits in `recording` for it,
     /// while nobody waits for another run's progress or removal; a run's own writes still follow
     /// its create), then writes in order, then a rescan.
-    pub(crate) fn next(&mut self) -> Option<Job> {
+    pub(crate) fn next(&mut self) -> Option<Chore> {
         if std::mem::take(&mut self.heartbeat) {
-            return Some(Job::Heartbeat);
+            return Some(Chore::Heartbeat);
         }
         let create = self
             .writes
             .iter()
-            .position(|(w, _)| matches!(w, Request::Create { .. }));
+            .position(|(w, _)| matches!(w, Work::Create { .. }));
         if let Some((w, n)) = create.and_then(|i| self.writes.remove(i)) {
-            return Some(Job::Write(w, n));
+            return Some(Chore::Write(w, n));
         }
         if let Some((w, n)) = self.writes.pop_front() {
-            return Some(Job::Write(w, n));
+            return Some(Chore::Write(w, n));
         }
-        std::mem::take(&mut self.rescan).then_some(Job::Rescan)
+        std::mem::take(&mut self.rescan).then_some(Chore::Rescan)
     }
 }
 
-fn run_of(r: &Request) -> Option<RunId> {
+fn run_of(r: &Work) -> Option<RunId> {
     match r {
-        Request::Create { run, .. }
-        | Request::Progress { run, .. }
-        | Request::End { run, .. }
-        | Request::Remove { run } => Some(*run),
-        Request::Heartbeat | Request::Rescan => None,
+        Work::Create { run, .. }
+        | Work::Progress { run, .. }
+        | Work::End { run, .. }
+        | Work::Remove { run } => Some(*run),
+        Work::Heartbeat | Work::Rescan => None,
     }
 }
 
@@ -141,15 +141,15 @@ mod tests {
         // r1's progress merges into its own last queued write: the third progress comes after
         // r2's create in arrival, yet it is r1's last write, so it merges. Creates go first (a
         // run waits for each), and r1's progress still follows r1's create.
-        assert_eq!(q.next(), Some(Job::Write(create("r1"), 1)));
-        assert_eq!(q.next(), Some(Job::Write(create("r2"), 1)));
-        assert_eq!(q.next(), Some(Job::Write(progress("r1", &["b"]), 3)));
+        assert_eq!(q.next(), Some(Chore::Write(create("r1"), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(create("r2"), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(progress("r1", &["b"]), 3)));
         assert_eq!(q.next(), None);
         // Negative: progress never merges into a create or an end.
         q.push(create("r3"));
         q.push(progress("r3", &["x"]));
-        assert_eq!(q.next(), Some(Job::Write(create("r3"), 1)));
-        assert_eq!(q.next(), Some(Job::Write(progress("r3", &["x"]), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(create("r3"), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(progress("r3", &["x"]), 1)));
     }
 
     #[test]
@@ -159,16 +159,16 @@ mod tests {
         q.push(progress("r2", &["z"]));
         q.push(progress("r1", &["a", "b"]));
         assert_eq!(
-            q.push(Request::Remove {
+            q.push(Work::Remove {
                 run: RunId::from(1)
             }),
             (vec![], 2)
         );
-        assert_eq!(q.next(), Some(Job::Write(progress("r2", &["z"]), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(progress("r2", &["z"]), 1)));
         assert_eq!(
             q.next(),
-            Some(Job::Write(
-                Request::Remove {
+            Some(Chore::Write(
+                Work::Remove {
                     run: RunId::from(1)
                 },
                 1
@@ -177,15 +177,15 @@ mod tests {
         // A create that never started is cancelled by its run's removal.
         q.push(create("r4"));
         assert_eq!(
-            q.push(Request::Remove {
+            q.push(Work::Remove {
                 run: RunId::from(4)
             }),
             (vec![RunId::from(4)], 0)
         );
         assert_eq!(
             q.next(),
-            Some(Job::Write(
-                Request::Remove {
+            Some(Chore::Write(
+                Work::Remove {
                     run: RunId::from(4)
                 },
                 1
@@ -194,31 +194,31 @@ mod tests {
         // An end carries the final set: queued progress goes, a queued create stays first.
         q.push(create("r5"));
         q.push(progress("r5", &["a"]));
-        let end = Request::End {
+        let end = Work::End {
             run: RunId::from(5),
             ended: ended(),
             in_progress: vec!["a".into()],
         };
         assert_eq!(q.push(end.clone()), (vec![], 1));
-        assert_eq!(q.next(), Some(Job::Write(create("r5"), 1)));
-        assert_eq!(q.next(), Some(Job::Write(end, 1)));
+        assert_eq!(q.next(), Some(Chore::Write(create("r5"), 1)));
+        assert_eq!(q.next(), Some(Chore::Write(end, 1)));
         assert_eq!(q.next(), None);
     }
 
     #[test]
     fn queue_puts_the_heartbeat_first_and_rescans_last() {
         let mut q = Queue::default();
-        q.push(Request::Rescan);
+        q.push(Work::Rescan);
         q.push(create("r1"));
         q.push(create("r2"));
-        q.push(Request::Heartbeat);
-        q.push(Request::Heartbeat);
-        assert_eq!(q.next(), Some(Job::Heartbeat));
-        assert_eq!(q.next(), Some(Job::Write(create("r1"), 1)));
-        q.push(Request::Heartbeat);
-        assert_eq!(q.next(), Some(Job::Heartbeat));
-        assert_eq!(q.next(), Some(Job::Write(create("r2"), 1)));
-        assert_eq!(q.next(), Some(Job::Rescan));
+        q.push(Work::Heartbeat);
+        q.push(Work::Heartbeat);
+        assert_eq!(q.next(), Some(Chore::Heartbeat));
+        assert_eq!(q.next(), Some(Chore::Write(create("r1"), 1)));
+        q.push(Work::Heartbeat);
+        assert_eq!(q.next(), Some(Chore::Heartbeat));
+        assert_eq!(q.next(), Some(Chore::Write(create("r2"), 1)));
+        assert_eq!(q.next(), Some(Chore::Rescan));
         assert_eq!(
             q.next(),
             None,

@@ -198,16 +198,16 @@ pub(crate) fn id(run: &str) -> RunId {
     RunId::from(run[1..].parse::<u64>().expect("a run id like r7"))
 }
 
-pub(crate) fn create(run: &str) -> Request {
-    Request::Create {
+pub(crate) fn create(run: &str) -> Work {
+    Work::Create {
         run: id(run),
         record: record(run),
         env: vec!["USER=bob".into(), "HOME=/home/bob".into()],
     }
 }
 
-pub(crate) fn progress(run: &str, items: &[&str]) -> Request {
-    Request::Progress {
+pub(crate) fn progress(run: &str, items: &[&str]) -> Work {
+    Work::Progress {
         run: id(run),
         in_progress: items.iter().map(|s| s.to_string()).collect(),
     }
@@ -305,7 +305,7 @@ fn the_heartbeat_overtakes_queued_record_writes() {
     store.wait_for("r1's create in flight", |i| i.in_flight == 1);
     r.send(create("r2")).unwrap();
     r.send(create("r3")).unwrap();
-    r.send(Request::Heartbeat).unwrap();
+    r.send(Work::Heartbeat).unwrap();
     store.with(|i| i.hold = false);
     collect_until(&r, "the heartbeat", |c| {
         matches!(c, Completion::Heartbeat { result: Ok(()), .. })
@@ -334,7 +334,7 @@ fn a_remove_drops_queued_progress_and_removes_a_late_create() {
     r.send(progress("r1", &["a"])).unwrap();
     r.send(progress("r1", &["a", "b"])).unwrap();
     // The run is over before its record landed.
-    r.send(Request::Remove {
+    r.send(Work::Remove {
         run: RunId::from(1),
     })
     .unwrap();
@@ -359,7 +359,7 @@ fn a_late_create_of_a_run_that_ended_is_marked_ended() {
     r.send(create("r1")).unwrap();
     store.wait_for("r1's create in flight", |i| i.in_flight == 1);
     r.send(progress("r1", &["a"])).unwrap();
-    r.send(Request::End {
+    r.send(Work::End {
         run: RunId::from(1),
         ended: ended(),
         in_progress: vec!["a".into(), "b".into()],
@@ -430,8 +430,8 @@ fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
         |c| matches!(c, Completion::Created { run, result: Ok(_) } if *run == id("r2")),
     );
     store.with(|i| i.fail_writes = true);
-    r.send(Request::Remove { run: id("r1") }).unwrap();
-    r.send(Request::End {
+    r.send(Work::Remove { run: id("r1") }).unwrap();
+    r.send(Work::End {
         run: id("r2"),
         ended: ended(),
         in_progress: vec![],
@@ -442,7 +442,7 @@ fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
     });
     // A heartbeat while the volume still fails writes: nothing is closed, nothing reported.
     store.with(|i| i.fail_heartbeats = true);
-    r.send(Request::Heartbeat).unwrap();
+    r.send(Work::Heartbeat).unwrap();
     let seen = collect_until(&r, "the failed heartbeat", |c| {
         matches!(c, Completion::Heartbeat { result: Err(_), .. })
     });
@@ -457,7 +457,7 @@ fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
         i.fail_writes = false;
         i.fail_heartbeats = false;
     });
-    r.send(Request::Heartbeat).unwrap();
+    r.send(Work::Heartbeat).unwrap();
     // Tried in the order they failed: the removal, then the end-marking.
     let seen = collect_until(
         &r,
@@ -477,7 +477,7 @@ fn a_closing_that_failed_is_tried_again_after_a_heartbeat_lands() {
     );
     // Closed once: a later heartbeat writes nothing more.
     let before = writes(&store).len();
-    r.send(Request::Heartbeat).unwrap();
+    r.send(Work::Heartbeat).unwrap();
     collect_until(&r, "a heartbeat", |c| {
         matches!(c, Completion::Heartbeat { result: Ok(()), .. })
     });
@@ -525,12 +525,12 @@ fn heartbeats_and_open_report_a_table_of_records() {
     assert_eq!(t.records[0].workdir, Path::new("/tf/y"));
     assert_eq!(t.beats.len(), 1, "pod-b's heartbeat was read");
     assert_eq!(t.beats[0].heartbeat, None, "pod-b has no heartbeat");
-    r.send(Request::Heartbeat).unwrap();
+    r.send(Work::Heartbeat).unwrap();
     let seen = collect_until(&r, "a table", |c| matches!(c, Completion::Table(_)));
     assert!(seen
         .iter()
         .any(|c| matches!(c, Completion::Heartbeat { result: Ok(()), .. })));
-    r.send(Request::Rescan).unwrap();
+    r.send(Work::Rescan).unwrap();
     collect_until(&r, "a rescan's table", |c| {
         matches!(c, Completion::Table(_))
     });
@@ -546,7 +546,7 @@ fn a_record_lands_only_under_a_heartbeat_younger_than_a_third_of_the_ttl() {
     // not written: the heartbeat it must follow is tried first, and fails.
     store.with(|i| i.fail_heartbeats = true);
     std::thread::sleep(ttl / 3 + Duration::from_millis(50));
-    r.send(Request::Create {
+    r.send(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: vec![],
@@ -565,7 +565,7 @@ fn a_record_lands_only_under_a_heartbeat_younger_than_a_third_of_the_ttl() {
     // It lands again: the next create follows a heartbeat written for it, or one the
     // recorder's own clock wrote less than TTL/3 before.
     store.with(|i| i.fail_heartbeats = false);
-    r.send(Request::Create {
+    r.send(Work::Create {
         run: RunId::from(2),
         record: record("r2"),
         env: vec![],

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::machine::{Held, Machine, Next, Now, Op, Out, Outcome};
-use super::{Beat, Completion, Entry, Gone, Request};
+use super::{Beat, Completion, Entry, Gone, Work};
 use crate::locks::record::{now_ms, Found, Owner};
 use crate::locks::store::Store;
 use crate::locks::who::passwd_user;
@@ -20,7 +20,7 @@ use crate::locks::who::passwd_user;
 /// The loop's handle on the recorder thread.
 #[derive(Debug)]
 pub struct Recorder {
-    requests: Sender<Request>,
+    requests: Sender<Work>,
     completions: Receiver<Completion>,
     ready: Arc<Doorbell>,
     /// Record writes (create, progress, end, remove) asked for and not finished.
@@ -63,7 +63,7 @@ impl Recorder {
     }
 
     /// Queues `request`; never blocks.
-    pub fn send(&self, request: Request) -> Result<(), Gone> {
+    pub fn send(&self, request: Work) -> Result<(), Gone> {
         let write = is_write(&request);
         if write {
             self.writes.fetch_add(1, Ordering::SeqCst);
@@ -114,13 +114,10 @@ impl Recorder {
     }
 }
 
-fn is_write(r: &Request) -> bool {
+fn is_write(r: &Work) -> bool {
     matches!(
         r,
-        Request::Create { .. }
-            | Request::Progress { .. }
-            | Request::End { .. }
-            | Request::Remove { .. }
+        Work::Create { .. } | Work::Progress { .. } | Work::End { .. } | Work::Remove { .. }
     )
 }
 
@@ -203,7 +200,7 @@ fn serve(
     store: &dyn Store,
     me: &Owner,
     mut machine: Machine,
-    inbox: &Receiver<Request>,
+    inbox: &Receiver<Work>,
     out: &Outbox,
 ) {
     loop {

@@ -33,7 +33,7 @@ use crate::locks::book::Book;
 use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
 use crate::locks::record::{Ended, Owner};
-use crate::locks::recorder::{Completion, Entry, Request, Table};
+use crate::locks::recorder::{Completion, Entry, Table, Work};
 use crate::protocol::{self, FileId, RunRequest};
 
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -152,7 +152,7 @@ enum Done {
     /// An action.
     Act(Action),
     /// A request sent to the recorder.
-    Sent(Request),
+    Sent(Work),
 }
 
 /// The runs and the records, and the loop between them.
@@ -346,12 +346,12 @@ fn names(done: &[Done]) -> Vec<String> {
     done.iter()
         .map(|d| match d {
             Done::Sent(req) => match req {
-                Request::Create { run, .. } => format!("record create {run}"),
-                Request::Progress { run, .. } => format!("record progress {run}"),
-                Request::End { run, .. } => format!("record end {run}"),
-                Request::Remove { run } => format!("record remove {run}"),
-                Request::Heartbeat => "record heartbeat".into(),
-                Request::Rescan => "record rescan".into(),
+                Work::Create { run, .. } => format!("record create {run}"),
+                Work::Progress { run, .. } => format!("record progress {run}"),
+                Work::End { run, .. } => format!("record end {run}"),
+                Work::Remove { run } => format!("record remove {run}"),
+                Work::Heartbeat => "record heartbeat".into(),
+                Work::Rescan => "record rescan".into(),
             },
             Done::Act(a) => name(a),
         })

@@ -29,8 +29,8 @@ mod write;
 use scan::{Scan, ScanFor};
 use write::{Unclosed, Writing};
 
-use super::queue::{Job, Queue};
-use super::{Beat, Completion, Entry, Request, WriteError};
+use super::queue::{Chore, Queue};
+use super::{Beat, Completion, Entry, Work, WriteError};
 use crate::locks::names::RunId;
 use crate::locks::record::{FileId, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use crate::locks::record_id::RecordId;
@@ -160,7 +160,7 @@ pub enum Out {
 #[derive(Debug)]
 enum AfterBeat {
     /// The heartbeat's own job: close what failed, then rescan.
-    Job,
+    Chore,
     /// A create that waits for a fresh heartbeat (how many requests it stands for).
     Create {
         run: RunId,
@@ -236,7 +236,7 @@ pub struct Machine {
     next_heartbeat: Option<Instant>,
     queue: Queue,
     /// Requests that came during a job, queued when it is over.
-    arrived: Vec<Request>,
+    arrived: Vec<Work>,
     doing: Doing,
     /// The operation the driver is to perform next.
     op: Option<Op>,
@@ -270,7 +270,7 @@ impl Machine {
     }
 
     /// A request of the loop.
-    pub fn request(&mut self, r: Request) {
+    pub fn request(&mut self, r: Work) {
         if matches!(self.doing, Doing::Idle) {
             self.enqueue(r);
         } else {
@@ -302,7 +302,7 @@ impl Machine {
             if now.mono >= due {
                 self.next_heartbeat = Some(now.mono + self.ttl / 3);
                 if self.open {
-                    self.queue.push(Request::Heartbeat);
+                    self.queue.push(Work::Heartbeat);
                 } else {
                     // A volume that failed at start (not mounted yet, full, an NFS server away)
                     // is tried again on the heartbeat's clock, and its records read again
@@ -431,7 +431,7 @@ impl Machine {
         }
     }
 
-    fn enqueue(&mut self, r: Request) {
+    fn enqueue(&mut self, r: Work) {
         let (cancelled, dropped) = self.queue.push(r);
         for run in cancelled {
             self.send(Completion::Created {
@@ -491,25 +491,25 @@ impl Machine {
         self.begin_scan(false, purpose, now);
     }
 
-    fn begin(&mut self, job: Job, now: Now) {
+    fn begin(&mut self, job: Chore, now: Now) {
         match job {
-            Job::Heartbeat if !self.open => self.send(Completion::Heartbeat {
+            Chore::Heartbeat if !self.open => self.send(Completion::Heartbeat {
                 result: Err(WriteError::NotOpen),
                 stamped: now.mono,
                 wall_ms: now.wall_ms,
             }),
-            Job::Heartbeat => {
+            Chore::Heartbeat => {
                 // A failure may matter at once, and so does a success after a gap the loop may
                 // have called stale (it says "written again" and records resume); an on-time
                 // success only changes an age the loop reads when it needs it.
                 let late = self
                     .last_heartbeat
                     .is_none_or(|t| now.mono.saturating_duration_since(t) > self.ttl / 2);
-                self.begin_beat(late, AfterBeat::Job, now);
+                self.begin_beat(late, AfterBeat::Chore, now);
             }
-            Job::Rescan if self.open => self.begin_scan(true, ScanFor::Rescan, now),
-            Job::Rescan => {}
-            Job::Write(w, n) => self.begin_write(w, n, now),
+            Chore::Rescan if self.open => self.begin_scan(true, ScanFor::Rescan, now),
+            Chore::Rescan => {}
+            Chore::Write(w, n) => self.begin_write(w, n, now),
         }
     }
 
@@ -548,8 +548,8 @@ impl Machine {
             self.send(done);
         }
         match then {
-            AfterBeat::Job if ok => self.close_again(),
-            AfterBeat::Job => {}
+            AfterBeat::Chore if ok => self.close_again(),
+            AfterBeat::Chore => {}
             AfterBeat::Create { run, n, .. } if !ok => {
                 self.send(Completion::Created {
                     run,

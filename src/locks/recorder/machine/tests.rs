@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::{Held, Machine, Next, Now, Op, Out, Outcome};
 use crate::locks::names::RunId;
 use crate::locks::recorder::tests::{me, record};
-use crate::locks::recorder::{Completion, Request, WriteError};
+use crate::locks::recorder::{Completion, Work, WriteError};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -82,7 +82,7 @@ fn the_first_job_opens_the_store_and_the_heartbeat_follows_every_third_of_the_tt
 fn a_create_under_a_stale_heartbeat_waits_for_a_new_one_and_fails_without_it() {
     let t0 = Instant::now();
     let mut m = opened(t0);
-    m.request(Request::Create {
+    m.request(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: Vec::new(),
@@ -116,7 +116,7 @@ fn a_create_under_a_stale_heartbeat_waits_for_a_new_one_and_fails_without_it() {
 fn a_create_under_a_fresh_heartbeat_is_written_at_once_with_its_who() {
     let t0 = Instant::now();
     let mut m = opened(t0);
-    m.request(Request::Create {
+    m.request(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: vec!["USER=bob".into(), "HOME=/home/bob".into()],
@@ -140,7 +140,7 @@ fn create_after_a_failed_heartbeat() -> Op {
         Outcome::Wrote(Err(io::Error::other("full"))),
         at(t0, 10_000),
     );
-    m.request(Request::Create {
+    m.request(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: Vec::new(),
@@ -171,20 +171,20 @@ fn a_failed_removal_is_tried_again_after_the_next_heartbeat_that_lands() {
     let t0 = Instant::now();
     let mut m = opened(t0);
     let now = at(t0, 1);
-    m.request(Request::Create {
+    m.request(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: Vec::new(),
     });
     assert!(matches!(m.next(now), Next::Do(Op::Write(_))));
     m.finished(Outcome::Written(Ok("r1".into())), now);
-    m.request(Request::Remove {
+    m.request(Work::Remove {
         run: RunId::from(1),
     });
     assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
     m.finished(Outcome::Removed(Err(io::Error::other("EIO"))), now);
     m.take_out();
-    m.request(Request::Heartbeat);
+    m.request(Work::Heartbeat);
     assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
     m.finished(Outcome::Wrote(Ok(())), now);
     assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
@@ -231,7 +231,7 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
         "{first:?}"
     );
     // Nothing is written meanwhile; a create is refused at once.
-    m.request(Request::Create {
+    m.request(Work::Create {
         run: RunId::from(1),
         record: record("r1"),
         env: Vec::new(),

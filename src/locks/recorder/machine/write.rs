@@ -9,7 +9,7 @@ use crate::locks::liveness::fresh_enough;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
 use crate::locks::record_id::RecordId;
-use crate::locks::recorder::{Completion, Request, WriteError};
+use crate::locks::recorder::{Completion, Work, WriteError};
 use crate::locks::who::who_for;
 
 /// A closing of a finished run's record that failed, to try again.
@@ -58,7 +58,7 @@ impl Machine {
         match left.pop_front() {
             Some(u) => self.begin_closing(u, left, Vec::new()),
             None => {
-                self.queue.push(Request::Rescan);
+                self.queue.push(Work::Rescan);
             }
         }
     }
@@ -107,14 +107,14 @@ impl Machine {
             Some(u) => self.begin_closing(u, left, still),
             None => {
                 self.unclosed = still;
-                self.queue.push(Request::Rescan);
+                self.queue.push(Work::Rescan);
             }
         }
     }
 
-    pub(super) fn begin_write(&mut self, w: Request, n: usize, now: Now) {
+    pub(super) fn begin_write(&mut self, w: Work, n: usize, now: Now) {
         match w {
-            Request::Create { run, record, env } => {
+            Work::Create { run, record, env } => {
                 // A record lands only under a fresh heartbeat: every observer then has at least
                 // two thirds of a TTL of watching ahead, and this owner's fence stops the run
                 // before any of them may call it dead (locks::liveness).
@@ -131,12 +131,12 @@ impl Machine {
                     self.write_create(run, record, &env, n, now);
                 }
             }
-            Request::Progress { run, in_progress } => {
+            Work::Progress { run, in_progress } => {
                 self.rewrite(Writing::Progress { run }, n, now, |r| {
                     r.in_progress = in_progress;
                 });
             }
-            Request::End {
+            Work::End {
                 run,
                 ended,
                 in_progress,
@@ -144,7 +144,7 @@ impl Machine {
                 r.in_progress = in_progress;
                 r.ended = Some(ended);
             }),
-            Request::Remove { run } => match self.written.remove(&run) {
+            Work::Remove { run } => match self.written.remove(&run) {
                 Some((path, _)) => {
                     self.op = Some(Op::Remove(path.clone()));
                     self.doing = Doing::Writing {
@@ -162,7 +162,7 @@ impl Machine {
                 }
             },
             // Not record writes: the queue never holds them as such.
-            Request::Heartbeat | Request::Rescan => self.done(n),
+            Work::Heartbeat | Work::Rescan => self.done(n),
         }
     }
 

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use super::{read_frame, write_frame};
 use crate::config;
 use crate::config::socket_path;
-use crate::config::StoreSetting;
 use crate::locks::handoff::RecoverArgs;
 use crate::locks::names::RunId;
 use crate::locks::record::Record;
@@ -449,18 +448,8 @@ pub fn recover_helper(args: &[std::ffi::OsString]) -> i32 {
             return 2;
         }
     };
-    // The init validated TFINIT_STORE and passes it on: anything else is no init's.
-    let setting = match std::env::var("TFINIT_STORE") {
-        Err(_) => StoreSetting::Auto,
-        Ok(v) => match StoreSetting::parse(&v) {
-            Some(s) => s,
-            None => {
-                eprintln!("tfinit: {}: TFINIT_STORE={v:?} is not auto, kubernetes or file; no lock was touched", recover::HIDDEN_SUBCOMMAND);
-                return 2;
-            }
-        },
-    };
-    let store = store::chosen(setting, &args.state_dir, &args.owner, args.ttl());
+    // The stores the init writes to, as the init was told (environment or --store).
+    let store = store::chosen(args.store, &args.state_dir, &args.owner, args.ttl());
     let recovery = Recovery {
         store,
         me: args.owner.clone(),

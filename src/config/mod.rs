@@ -46,8 +46,10 @@ pub enum LogFormat {
     Json,
 }
 
-/// Where lock-owner records live (TFINIT_STORE).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where lock-owner records live (TFINIT_STORE). Serialised as its word, for the recovery
+/// helper's arguments (locks/handoff.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StoreSetting {
     /// Leases of the pod's namespace when its service account may list them, else the files
     /// of TFINIT_STATE_DIR (with one line saying why); decided when the store first answers.

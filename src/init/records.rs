@@ -116,6 +116,8 @@ pub(super) struct Records {
     /// frees it once the init and every run are gone: the proof a container restart uses).
     incarnation_lock: Option<Arc<OwnedFd>>,
     state_dir: PathBuf,
+    /// TFINIT_STORE, for the recovery helper.
+    store_setting: crate::config::StoreSetting,
     ttl: Duration,
     /// TFINIT_OLDER_OWNER_TTL.
     older_ttl: Duration,
@@ -147,6 +149,7 @@ impl Records {
             recorder: None,
             incarnation_lock: None,
             state_dir: cfg.state_dir.clone(),
+            store_setting: cfg.store,
             ttl: cfg.owner_ttl,
             older_ttl: cfg.older_owner_ttl,
             #[cfg(test)]
@@ -281,6 +284,7 @@ impl Records {
     pub(super) fn recovery_args(&self, workdir: &Path, now: Instant) -> (RecoveryArgs, bool) {
         let args = RecoveryArgs {
             state_dir: self.state_dir.clone(),
+            store: self.store_setting,
             workdir: workdir.to_path_buf(),
             owner: self.book.owner().clone(),
             ttl: self.ttl,
@@ -374,6 +378,7 @@ impl Records {
             recorder: None,
             incarnation_lock: None,
             state_dir: PathBuf::from("/state"),
+            store_setting: crate::config::StoreSetting::File,
             ttl: Duration::from_secs(30),
             older_ttl: crate::locks::liveness::LONGEST_TTL,
             sent: Vec::new(),

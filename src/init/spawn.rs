@@ -163,6 +163,8 @@ pub(super) fn terraform(
 pub(super) struct RecoveryArgs {
     /// TFINIT_STATE_DIR.
     pub(super) state_dir: PathBuf,
+    /// TFINIT_STORE (or `--store`).
+    pub(super) store: crate::config::StoreSetting,
     /// The working directory whose records it recovers.
     pub(super) workdir: PathBuf,
     /// This incarnation (its live records are never recovered).
@@ -193,6 +195,7 @@ pub(super) fn recovery(
         workdir: args.workdir.clone(),
         terraform: req.program.clone().into(),
         state_dir: args.state_dir.clone(),
+        store: args.store,
         owner: args.owner.clone(),
         ttl_ms: args.ttl.as_millis() as u64,
         older_ttl_ms: args.older_ttl.as_millis() as u64,
@@ -216,7 +219,6 @@ pub(super) fn recovery(
     for k in [
         "TFINIT_LOG",
         "TFINIT_LOG_FORMAT",
-        "TFINIT_STORE",
         "TFINIT_SERVICE_ACCOUNT_DIR",
         "KUBERNETES_SERVICE_HOST",
         "KUBERNETES_SERVICE_PORT",

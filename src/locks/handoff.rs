@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize};
 use super::book::LiveRun;
 use super::liveness::Seen;
 use super::record::Owner;
+use crate::config::StoreSetting;
 
 /// The only flag the helper takes; its value is the JSON of [`RecoverArgs`].
 pub const ARGS_FLAG: &str = "--args-json";
 
 /// Version of [`RecoverArgs`]: the init and its helper are one binary, so a mismatch means the
 /// binary was replaced under a running init (the helper then refuses).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Linux's limit on one argument (MAX_ARG_STRLEN, 32 pages): a larger document cannot be passed
 /// and the helper is not started (the run waits for no recovery, the lock is left alone).
@@ -37,6 +38,10 @@ pub struct RecoverArgs {
     pub terraform: PathBuf,
     /// TFINIT_STATE_DIR.
     pub state_dir: PathBuf,
+    /// The init's TFINIT_STORE, however it was given (environment or `--store`): the helper
+    /// must read the stores the init writes to (version 2; version 1 read the environment, so an
+    /// init given `--store` left its helper on the default).
+    pub store: StoreSetting,
     /// This incarnation: its own live records are never recovered.
     pub owner: Owner,
     /// The init's TFINIT_OWNER_TTL, ms.
@@ -141,6 +146,7 @@ mod tests {
             workdir: "/tf/a".into(),
             terraform: "/usr/local/bin/terraform".into(),
             state_dir: "/var/lib/tfinit".into(),
+            store: StoreSetting::File,
             owner: Owner::current("pod-a", None),
             ttl_ms: 30_000,
             older_ttl_ms: 30_000,
@@ -187,6 +193,16 @@ mod tests {
             with(&|v| v["v"] = serde_json::json!(VERSION + 1)),
             with(&|v| v["workdir"] = serde_json::json!("relative")),
             with(&|v| v["ttl_ms"] = serde_json::json!(0)),
+            // The stores to read: only the init's words, and never left to a default.
+            with(&|v| v["store"] = serde_json::json!("s3")),
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("store");
+            }),
+            // An init of version 1 (no store: its helper read TFINIT_STORE).
+            with(&|v| {
+                v["v"] = serde_json::json!(1);
+                v.as_object_mut().unwrap().remove("store");
+            }),
         ];
         for argv in refused {
             assert!(RecoverArgs::from_argv(&argv).is_err(), "{argv:?}");
@@ -197,6 +213,26 @@ mod tests {
             RecoverArgs::from_argv(&not_utf8),
             Err(HandoffError::NotUtf8)
         ));
+    }
+
+    /// The helper reads the stores the init writes to however the init was told (`--store` on
+    /// its command line leaves TFINIT_STORE unset): the setting travels in the arguments.
+    #[test]
+    fn the_store_setting_travels_in_the_arguments_as_its_word() {
+        for (setting, word) in [
+            (StoreSetting::Auto, "auto"),
+            (StoreSetting::Kubernetes, "kubernetes"),
+            (StoreSetting::File, "file"),
+        ] {
+            let a = RecoverArgs {
+                store: setting,
+                ..args()
+            };
+            let argv = a.to_argv().unwrap();
+            let json: serde_json::Value = serde_json::from_str(argv[1].to_str().unwrap()).unwrap();
+            assert_eq!(json["store"], word);
+            assert_eq!(RecoverArgs::from_argv(&argv).unwrap().store, setting);
+        }
     }
 
     #[test]

@@ -33,8 +33,11 @@ fn a_state_dir_that_is_a_file_is_named_in_a_warning_and_runs_still_work() {
             ..Setup::default()
         },
     );
-    let line = init.log_line(&["TFINIT_STATE_DIR is not usable", file.to_str().unwrap()]);
-    assert!(line.contains("Mount a writable volume"), "no hint: {line}");
+    let line = init.log_line(&[
+        "the lock-owner record store is not usable",
+        file.to_str().unwrap(),
+    ]);
+    assert!(line.contains("mount a writable volume"), "no hint: {line}");
     init.assert_runs_work(&tmp);
     init.stop_cleanly();
     assert_eq!(read(&file), "not a directory\n", "the file was changed");
@@ -57,9 +60,12 @@ fn a_read_only_state_dir_is_named_in_a_warning_and_runs_still_work() {
             ..Setup::default()
         },
     );
-    let line = init.log_line(&["TFINIT_STATE_DIR is not usable", dir.to_str().unwrap()]);
+    let line = init.log_line(&[
+        "the lock-owner record store is not usable",
+        dir.to_str().unwrap(),
+    ]);
     assert!(line.contains("Read-only file system"), "no cause: {line}");
-    assert!(line.contains("Mount a writable volume"), "no hint: {line}");
+    assert!(line.contains("mount a writable volume"), "no hint: {line}");
     init.assert_runs_work(&tmp);
     init.stop_cleanly();
     // The read-only mount was the namespace's own: underneath, nothing was written.
@@ -87,9 +93,12 @@ fn a_state_dir_on_a_full_disk_at_start_is_named_in_a_warning_and_runs_still_work
             ..Setup::default()
         },
     );
-    let line = init.log_line(&["TFINIT_STATE_DIR is not usable", dir.to_str().unwrap()]);
+    let line = init.log_line(&[
+        "the lock-owner record store is not usable",
+        dir.to_str().unwrap(),
+    ]);
     assert!(line.contains("No space left on device"), "no cause: {line}");
-    assert!(line.contains("Mount a writable volume"), "no hint: {line}");
+    assert!(line.contains("mount a writable volume"), "no hint: {line}");
     init.assert_runs_work(&tmp);
     init.stop_cleanly();
 }

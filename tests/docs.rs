@@ -427,7 +427,7 @@ fn the_message_scanner_finds_known_messages_and_what_an_entry_must_quote() {
     for (kind, phrase) in [
         (
             "notice",
-            "TFINIT_STATE_DIR is not usable: tfinit keeps working without lock-owner records",
+            "the lock-owner record store is not usable: tfinit keeps working without lock-owner records",
         ),
         (
             "warn!",

@@ -625,7 +625,8 @@ fn an_unusable_state_dir_gives_one_warning_and_terraform_still_runs() {
         let log = pod.log();
         assert!(st.success(), "{case}: {log}");
         assert_eq!(
-            log.matches("TFINIT_STATE_DIR is not usable").count(),
+            log.matches("the lock-owner record store is not usable")
+                .count(),
             1,
             "{case}: {log}"
         );

@@ -28,7 +28,7 @@ pub enum Notice {
     },
     /// The store cannot be used (once, at start).
     NotUsable {
-        /// The state directory.
+        /// The store's location (a state directory, or the Leases of a namespace).
         dir: String,
         /// Why.
         error: String,
@@ -161,10 +161,10 @@ impl Notice {
                 if *auto { "" } else { " (TFINIT_FORCE_UNLOCK=off: run `tfinit recover` by hand)" }
             ),
             Notice::NotUsable { dir, error } => format!(
-                "TFINIT_STATE_DIR is not usable: tfinit keeps working without lock-owner records, so a \
-                 state lock left by this pod's death will not be released automatically. Mount a \
-                 writable volume there (emptyDir for container restarts, a PVC for pod replacement) \
-                 or set TFINIT_STATE_DIR to one (state_dir {dir}: {error})"
+                "the lock-owner record store is not usable: tfinit keeps working without lock-owner records, so a \
+                 state lock left by this pod's death will not be released automatically. For files, mount a \
+                 writable volume at TFINIT_STATE_DIR (emptyDir for container restarts, a PVC for pod replacement) \
+                 or set TFINIT_STATE_DIR to one; for Leases, see the error (store {dir}: {error})"
             ),
             Notice::Shadowed { dir, workdirs } => {
                 let dirs = list(workdirs.iter().map(|d| d.display()));

@@ -176,7 +176,7 @@ mod tests {
         let said = logs(&ev);
         assert!(
             said.iter()
-                .any(|l| l.starts_with("TFINIT_STATE_DIR is not usable")),
+                .any(|l| l.starts_with("the lock-owner record store is not usable")),
             "{said:?}"
         );
         assert!(
@@ -331,7 +331,7 @@ mod tests {
             "no record to shadow it"
         );
         assert_eq!(logs(&ev).len(), 1);
-        assert!(logs(&ev)[0].contains("TFINIT_STATE_DIR is not usable"));
+        assert!(logs(&ev)[0].contains("the lock-owner record store is not usable"));
         assert!(
             !ev.iter().any(|e| matches!(e, Event::Start { .. })),
             "r1 never waited: no create goes out before the store opens"

@@ -57,7 +57,7 @@ pub enum WriteError {
 impl std::fmt::Display for WriteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            WriteError::NotOpen => "TFINIT_STATE_DIR is not usable",
+            WriteError::NotOpen => "the lock-owner record store is not usable",
             WriteError::NoRecord => "no record was written for this run",
             WriteError::Cancelled => "not written: the run was over before its record was",
             WriteError::NoHeartbeat => {

@@ -180,3 +180,31 @@ pub trait Store: Send {
         out
     }
 }
+
+#[cfg(test)]
+mod recovery_lock_tests {
+    use super::*;
+
+    fn with_fence(until: Instant) -> RecoveryLock {
+        RecoveryLock {
+            _held: Box::new(()),
+            fence: Some(Arc::new(Mutex::new(until))),
+        }
+    }
+
+    #[test]
+    fn a_lease_right_is_held_until_its_fence_and_a_flock_until_dropped() {
+        let now = Instant::now();
+        assert!(with_fence(now + Duration::from_secs(60)).held());
+        assert!(!with_fence(now).held(), "a fence that passed: not held");
+        let flock = RecoveryLock {
+            _held: Box::new(()),
+            fence: None,
+        };
+        assert!(flock.held());
+        // A renewal that lands moves the fence on: held again.
+        let lease = with_fence(now);
+        *lease.fence.as_ref().unwrap().lock().unwrap() = now + Duration::from_secs(60);
+        assert!(lease.held());
+    }
+}

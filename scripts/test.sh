@@ -68,9 +68,9 @@ if [ -n "$fuzz" ]; then
         echo "scripts/test.sh: building the fuzz targets failed (exit $fuzz_ok); see above" >&2
         exit 1
     fi
-    # 15 s per target here (a smoke run of each parser on its corpus); `scripts/fuzz.sh long` is
+    # 10 s per target here (a smoke run of each parser on its corpus); `scripts/fuzz.sh long` is
     # the real search (10 minutes each).
-    FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh
+    FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh
 fi
 
 echo

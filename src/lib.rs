@@ -5,6 +5,7 @@
 //! the tests use, and nothing more, so that the compiler reports code nothing calls.
 #![warn(missing_docs)]
 
+pub mod calendar;
 pub mod cli;
 pub mod client;
 pub mod config;

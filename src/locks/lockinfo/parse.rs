@@ -136,7 +136,7 @@ pub fn parse_go_time(s: &str) -> Option<u64> {
         return None;
     }
     let off_min = digits(off.get(..2)?, 2)? * 60 + digits(off.get(2..)?, 2)?;
-    let days = days_from_civil(y, mo, da);
+    let days = crate::calendar::days_from_civil(y, mo, da);
     let secs = days * 86400 + h * 3600 + mi * 60 + se - sign * off_min * 60;
     let ms = secs.checked_mul(1000)?.checked_add(ms_frac)?;
     u64::try_from(ms).ok()
@@ -148,15 +148,4 @@ fn digits(s: &str, max: usize) -> Option<i64> {
         return None;
     }
     s.parse().ok()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146097 + doe - 719468
 }

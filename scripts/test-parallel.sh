@@ -10,7 +10,7 @@
 # new file is never left out. `kube_client` (tfinit's API client against the HTTPS stand-in, ~7 s,
 # mostly waiting on deadlines and Retry-After) is named in `rest`: its timing bounds want a group
 # without the heavy bursts. `kubernetes_leases` (the Lease store on terraform's kubernetes backend,
-# pods with no volume: ~40 s on 2 threads, mostly waiting on TTLs) runs in `pods` beside `kubernetes`.
+# pods with no volume: ~45 s on 2 threads, mostly waiting on TTLs) runs in `pods` beside `kubernetes`.
 #
 # Usage: scripts/test-parallel.sh          (scripts/test.sh runs it; TFINIT_TEST_THREADS: threads
 #                                           per binary, default 2; TFINIT_TEST_ONLY="a b": only

@@ -8,7 +8,9 @@
 //! namespace) and `kind`/`apiVersion` on every answer. Each test checks that terraform called
 //! nothing outside that surface.
 //!
-//! Pods, controllers and records are those of tests/locks_*.rs (tests/common/pods.rs). The rules
+//! Pods, controllers and records are those of tests/locks_*.rs (tests/common/pods.rs); the world
+//! (the stand-in, terraform's objects on it) is tests/common/kube_pods.rs, which
+//! tests/kubernetes_leases.rs shares. The rules
 //! are in docs/records.md; what terraform prints in each case is quoted in
 //! docs/notes/terraform-facts.md.
 

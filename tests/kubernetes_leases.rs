@@ -88,9 +88,9 @@ fn stamp_of(log: &str, what: &str) -> Option<u64> {
         .map(parse_rfc3339_ms)
 }
 
-/// Starts pod-a's apply (`sleep` seconds in null_resource.a; then the controller runs `then`) and waits until its record Lease shows
-/// null_resource.a in progress and terraform holds the Lease lock; returns the pod, the record and
-/// the lock.
+/// Starts pod-a's apply (`sleep` seconds in null_resource.a; then its controller runs `then`) and
+/// waits until its record Lease shows null_resource.a in progress and terraform holds the Lease
+/// lock; returns the pod, the record and the lock.
 fn pod_a_mid_apply(
     w: &KubeWorld,
     sleep: u64,

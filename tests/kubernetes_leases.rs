@@ -485,3 +485,54 @@ fn updates_of_leases_forbidden_mid_apply_fence_the_run_before_another_pod_may_ca
         "pod-b watched pod-a's heartbeat: {b_log}"
     );
 }
+
+/// tfinit connects to the API server's IP only (it links no resolver): a host name in
+/// KUBERNETES_SERVICE_HOST, which the kubelet never writes, is refused at start with one warning
+/// naming the variable, its value and what to do; records go to TFINIT_STATE_DIR and nothing is
+/// sent to the API.
+#[test]
+fn a_host_name_in_kubernetes_service_host_is_refused_at_start() {
+    if !have_deps() {
+        return;
+    }
+    let c = kube_cluster::Cluster::start("kl-name-api");
+    let place = pods::Place::new("kl-name", None, TTL);
+    let mut env = c.pod_env();
+    for (k, v) in &mut env {
+        if *k == "KUBERNETES_SERVICE_HOST" {
+            *v = "kubernetes.default.svc".into();
+        }
+    }
+    let mut p = Pod::start(
+        &place,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: "true".into(),
+            env,
+        },
+    );
+    assert!(p.wait().success(), "{}", p.log());
+    let log = p.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lock-owner records go to TFINIT_STATE_DIR"))
+        .unwrap_or_else(|| panic!("one line says where records go: {log}"));
+    assert!(line.contains(" WARN "), "a warning: {line}");
+    for part in [
+        r#"KUBERNETES_SERVICE_HOST="kubernetes.default.svc" is not an IP address"#,
+        "no DNS lookup",
+        "remove the setting that overrides the kubelet's value",
+    ] {
+        assert!(line.contains(part), "{part:?} in {line}");
+    }
+    assert!(
+        !log.contains("lock-owner records go to the Kubernetes API"),
+        "{log}"
+    );
+    assert!(
+        c.codes().is_empty(),
+        "nothing sent to the API: {:?}",
+        c.codes()
+    );
+}

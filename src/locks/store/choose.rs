@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | `file` | (not read) | (none sent) | TFINIT_STATE_DIR |
 //! | `auto` (default) | missing (not in a pod, no token) | (none sent) | TFINIT_STATE_DIR, one line saying why and the Role rule |
+//! | `auto` | a kubelet variable overridden (a host name, a bad port) | (none sent) | TFINIT_STATE_DIR, one warning saying why |
 //! | `auto` | there | 200 | the Leases of the namespace |
 //! | `auto` | there | 401, 403 | TFINIT_STATE_DIR, one line saying why and the Role rule |
 //! | `auto` | there | none (down, hung, 5xx, 429) | nowhere yet: the store has not answered (the `Unseen` rule), asked again at the next open |
@@ -23,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::StoreSetting;
-use crate::kube::{Client, Config, Deadlines, ROLE_RULE};
+use crate::kube::{Client, Config, ConfigError, Deadlines, ROLE_RULE};
 use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
 
 use super::{Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
@@ -40,10 +41,32 @@ pub fn chosen(
     if setting == StoreSetting::File {
         return Box::new(FileStore::new(state_dir));
     }
-    let api = Config::in_cluster()
-        .map(|config| KubeStore::new(Client::new(config, Deadlines::default()), me, ttl))
-        .map_err(|e| e.to_string());
+    let api = match Config::in_cluster() {
+        Ok(config) => Ok(KubeStore::new(
+            Client::new(config, Deadlines::default()),
+            me,
+            ttl,
+        )),
+        // The kubelet sets both variables right in every pod: a value it never writes is an
+        // override gone wrong, a warning, not the quiet "not in a pod" of the files' line.
+        Err(e @ (ConfigError::NotAnIp { .. } | ConfigError::InvalidPort { .. }))
+            if setting == StoreSetting::Auto =>
+        {
+            tracing::warn!(state_dir = %state_dir.display(), "{}", files_instead(&e.to_string()));
+            return Box::new(FileStore::new(state_dir));
+        }
+        Err(e) => Err(e.to_string()),
+    };
     chosen_with(setting, state_dir, api)
+}
+
+/// The line that says records go to TFINIT_STATE_DIR with `auto`, and `why`.
+fn files_instead(why: &str) -> String {
+    format!(
+        "lock-owner records go to TFINIT_STATE_DIR: {why}. In a pod whose service account may list \
+         Leases in its namespace (a Role with the rule {ROLE_RULE}, bound by a RoleBinding), they \
+         go to the Kubernetes API and need no volume"
+    )
 }
 
 /// [`chosen`] with the Kubernetes store given (`api`), or why there is none.
@@ -61,10 +84,7 @@ pub fn chosen_with(
         )),
         (StoreSetting::Auto, Ok(kube)) => Choice::Undecided(kube, None),
         (StoreSetting::Auto, Err(e)) => {
-            tracing::info!(
-                state_dir = %state_dir.display(),
-                "lock-owner records go to TFINIT_STATE_DIR: {e}. In a pod whose service account may list Leases in its namespace (a Role with the rule {ROLE_RULE}, bound by a RoleBinding), they go to the Kubernetes API and need no volume"
-            );
+            tracing::info!(state_dir = %state_dir.display(), "{}", files_instead(&e));
             return Box::new(file);
         }
     };

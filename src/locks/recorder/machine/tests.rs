@@ -27,6 +27,7 @@ fn up_to_listing(now: Now) -> Machine {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::NoFile),
         },
         now,
@@ -222,6 +223,7 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
             Outcome::Opened {
                 passwd_user: None,
                 host: "h".into(),
+                location: "test-store".into(),
                 result: Err("read-only file system".into()),
             },
             now,
@@ -292,6 +294,7 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::File(None, id)),
         },
         now,
@@ -335,6 +338,7 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::Failed),
         },
         retry,
@@ -432,6 +436,7 @@ fn a_listing_with_no_answer_reaches_the_loop_as_unlisted() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Err("the Kubernetes API has not answered yet".into()),
         },
         now,

@@ -43,6 +43,9 @@ pub enum Guard {
     /// terraform's wording of a free lock in every supported version (lockinfo); off: 1.0.3's
     /// alone, as before issue 23.
     Wordings,
+    /// A recovery whose right must be renewed (the Kubernetes store's recovery Lease) releases
+    /// nothing once the right may have lapsed (`RecoveryLock::held`, recover/mod.rs).
+    RecoveryHeld,
 }
 
 #[cfg(feature = "mutation")]

@@ -134,6 +134,8 @@
 //! with the guard on (docs/reliability.md, "Mutation check"). A helper that watches four TTLs
 //! must fail the progress check. A seed must replay exactly.
 
+#[path = "simulation/api.rs"]
+mod api;
 #[path = "simulation/backend.rs"]
 mod backend;
 #[path = "simulation/check.rs"]
@@ -146,12 +148,16 @@ mod helper;
 mod init;
 #[path = "simulation/legacy.rs"]
 mod legacy;
+#[path = "simulation/lease_store.rs"]
+mod lease_store;
 #[path = "simulation/legacy_recorder.rs"]
 mod legacy_recorder;
 #[path = "simulation/pods.rs"]
 mod pods;
 #[path = "simulation/recorder.rs"]
 mod recorder;
+#[path = "simulation/recovery_lease.rs"]
+mod recovery_lease;
 #[path = "simulation/rng.rs"]
 mod rng;
 #[path = "simulation/schedule.rs"]
@@ -178,11 +184,12 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
         }
         Spawn::Recorder(inc) => Box::pin(recorder::run(sim, inc)),
         Spawn::Helper(h) => Box::pin(helper::run(sim, h)),
+        Spawn::Renewer(h) => Box::pin(recovery_lease::renewer(sim, h)),
     }
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 11] = [
+const FOCI: [(Focus, &str); 13] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -194,10 +201,12 @@ const FOCI: [(Focus, &str); 11] = [
     (Focus::Wording, "wording"),
     (Focus::Invisible, "invisible"),
     (Focus::Crowd, "crowd"),
+    (Focus::Leases, "leases"),
+    (Focus::Unanswered, "unanswered"),
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).
-const GUARDS: [(Guard, &str); 12] = [
+const GUARDS: [(Guard, &str); 13] = [
     (Guard::Watch, "watch"),
     (Guard::Fence, "fence"),
     (Guard::FreshHeartbeat, "fresh-heartbeat"),
@@ -210,6 +219,7 @@ const GUARDS: [(Guard, &str); 12] = [
     (Guard::OwnersTtl, "owners-ttl"),
     (Guard::LiveRuns, "live-runs"),
     (Guard::Wordings, "wordings"),
+    (Guard::RecoveryHeld, "recovery-held"),
 ];
 
 /// Today's rules, every knob at random, within the design's assumptions.

@@ -193,6 +193,10 @@ impl Sim {
 
 /// Every record on the volume, at one moment.
 pub async fn list(sim: &Sim, node: usize) -> Vec<(u64, Rc<Record>)> {
+    if sim.with(|w| w.cfg.leases) {
+        let mut kube = super::lease_store::Client::new(node);
+        return kube.records(sim).await.map(|l| l.0).unwrap_or_default();
+    }
     sim.read(node, |w| {
         w.store
             .records
@@ -205,6 +209,10 @@ pub async fn list(sim: &Sim, node: usize) -> Vec<(u64, Rc<Record>)> {
 
 /// The heartbeat file of incarnation `owner` (today's layout).
 pub async fn read_heartbeat(sim: &Sim, node: usize, owner: &Owner) -> Option<Heartbeat> {
+    if sim.with(|w| w.cfg.leases) {
+        let mut kube = super::lease_store::Client::new(node);
+        return kube.read_heartbeat(sim, owner).await;
+    }
     let key = owner.key();
     let owner = owner.clone();
     sim.read(node, move |w| {

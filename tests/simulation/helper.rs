@@ -27,7 +27,9 @@ use tfinit::mutation::{self, Guard};
 
 use super::backend::{probe, unlock, Probe};
 use super::exec::{list, read_heartbeat, read_heartbeat_by_name, Sim, WaitFor};
+use super::lease_store;
 use super::legacy;
+use super::recovery_lease;
 use super::world::{workdir_path, BookSide, Ms, Rules, Tf, World};
 
 /// How often the helper re-reads a heartbeat it watches (recover/mod.rs: WATCH_EVERY).
@@ -58,6 +60,11 @@ pub async fn run(sim: Rc<Sim>, h: usize) {
     match rules {
         Rules::New => new_helper(&sim, h).await,
         Rules::Legacy => legacy_helper(&sim, h).await,
+    }
+    // The recovery Lease, if it holds it, is deleted as the recovery ends.
+    if sim.with(|w| w.cfg.leases && w.helpers[h].alive) {
+        let node = sim.with(|w| w.helpers[h].node);
+        recovery_lease::release(&sim, h, node).await;
     }
     sim.with(|w| w.helper_exit(h));
 }
@@ -132,7 +139,15 @@ async fn new_helper(sim: &Sim, h: usize) {
     if mutation::on(Guard::RecoverLock) && !lock_recovery(sim, h).await {
         return;
     }
-    let found = list(sim, c.node).await;
+    let found = if sim.with(|w| w.cfg.leases) {
+        // The list, and the unreadable record Leases in it set aside (`set_aside_corrupt`).
+        let mut kube = lease_store::Client::new(c.node);
+        let (found, bad) = kube.records(sim).await.unwrap_or_default();
+        kube.set_aside(sim, &bad).await;
+        found
+    } else {
+        list(sim, c.node).await
+    };
     for (id, rec) in &found {
         if !sim.with(|w| c.covers(w, rec)) {
             continue;
@@ -297,6 +312,14 @@ async fn one(
         Decision::Ambiguous(d) => return outcome("ambiguous at the re-check", d),
         Decision::Unlock => outcome("unlock", why.clone()),
     }
+    // A right to recover that must be renewed (the recovery Lease) and may have lapsed: nothing
+    // is released (`RecoveryLock::held`).
+    if mutation::on(Guard::RecoveryHeld)
+        && mutation::on(Guard::RecoverLock)
+        && sim.with(|w| w.cfg.leases && !recovery_lease::held(w, c.h, c.node))
+    {
+        return outcome("the right to recover was not renewed in time", String::new());
+    }
     let judged = Judged {
         helper: c.h,
         rec: Rc::clone(rec),
@@ -382,6 +405,9 @@ async fn window(
 
 /// Every heartbeat file of today's format, as `Store::heartbeats` lists them.
 async fn heartbeats(sim: &Sim, node: usize) -> Vec<Heartbeat> {
+    if sim.with(|w| w.cfg.leases) {
+        return lease_store::Client::new(node).heartbeats(sim, None).await;
+    }
     sim.read(node, |w| {
         w.store
             .beats
@@ -536,6 +562,13 @@ async fn legacy_one(sim: &Sim, c: &Ctx, id: u64, rec: &Rc<Record>, all: &[(u64, 
 
 /// Takes `recover.lock`, waiting up to LOCK_WAIT; false when it did not come.
 async fn lock_recovery(sim: &Sim, h: usize) -> bool {
+    if sim.with(|w| w.cfg.leases) {
+        let (node, me, ttl) = sim.with(|w| {
+            let x = &w.helpers[h];
+            (x.node, x.me.key(), Duration::from_millis(x.ttl))
+        });
+        return recovery_lease::take(sim, h, node, &me, ttl, LOCK_WAIT).await;
+    }
     let deadline = sim.with(|w| {
         if w.store.recover_holder.is_none() {
             w.store.recover_holder = Some(h);
@@ -559,6 +592,10 @@ async fn lock_recovery(sim: &Sim, h: usize) -> bool {
 
 /// Removes record `id` (after Free, NotOurs, Unlocked).
 async fn remove(sim: &Sim, c: &Ctx, id: u64) {
+    if sim.with(|w| w.cfg.leases) {
+        let _ = lease_store::Client::new(c.node).remove(sim, id).await;
+        return;
+    }
     let _ = sim
         .write(c.node, move |w| {
             w.store.records.remove(&id);

@@ -69,6 +69,12 @@ pub enum Focus {
     /// records (recovered at once, by several pods' helpers): two recoveries at the same lock
     /// (what `recover.lock` is for).
     Crowd,
+    /// Every schedule on the Lease store, every fault of the API (down, slow, 429, lost
+    /// answers) and Leases deleted or garbled by hand.
+    Leases,
+    /// The Lease store with an API that does not answer for a while, the whole API's or one
+    /// node's (reads and writes time out), and nothing else.
+    Unanswered,
 }
 
 /// Builds the world of `seed`.
@@ -110,7 +116,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let mut progress_forced = false;
     let mut tf_mode = if new { r.below(3) } else { 0 };
     match o.focus {
-        Focus::None => {}
+        Focus::None | Focus::Leases | Focus::Unanswered => {}
         Focus::Skew => {
             (skew, steps, vol_faults, node_faults) = (true, false, false, false);
             (restarts, replacements, naming) = (false, false, PodKind::Deployment);
@@ -157,6 +163,28 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             (restarts, replacements, naming, manual) = (true, false, PodKind::Deployment, true);
         }
     }
+    // The store: the Lease store in about half of today's schedules, drawn apart from the rest
+    // so that the file store's schedules stay what they were (the foci tuned for a volume keep
+    // it).
+    let mut lr = Rng::new(seed ^ 0x1ea5_e5_57_0e);
+    let leases = new
+        && match o.focus {
+            Focus::None => lr.chance(500),
+            Focus::Leases | Focus::Unanswered => true,
+            _ => false,
+        };
+    match o.focus {
+        Focus::Leases => {
+            (vol_faults, node_faults, restarts, replacements) = (true, true, true, true);
+            manual = true;
+        }
+        Focus::Unanswered => {
+            (skew, steps, vol_faults, node_faults) = (false, false, lr.chance(300), true);
+            (restarts, replacements, naming, manual) = (true, true, PodKind::Deployment, true);
+        }
+        _ => {}
+    }
+    let lost_replies = lost_replies || o.focus == Focus::Leases;
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
@@ -222,6 +250,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         dead_verdicts: o.dead_verdicts,
         helper_ttl_factor: o.helper_ttl_factor,
         max_ppm,
+        leases,
     };
     let mut w = World::new(cfg, Rng::new(r.next_u64()));
     let n_nodes = r.range(2, 3) as usize;
@@ -360,6 +389,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     }
     let fault = |w: &mut World, r: &mut Rng, node: Option<usize>| {
         let kind = match r.below(100) {
+            _ if o.focus == Focus::Unanswered => FaultKind::Hang,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -392,6 +422,13 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         for _ in 0..r.range(1, 2) {
             let n = r.pick(n_nodes);
             fault(&mut w, &mut r, Some(n));
+        }
+    }
+    // People at work on the Leases: deletes and edits by hand, before the calm phase.
+    if leases && (o.focus == Focus::Leases || lr.chance(300)) {
+        for _ in 0..lr.range(1, 3) {
+            let garbage = lr.chance(500);
+            env.push((lr.range(ttl / 2, horizon), EnvEv::Hand { garbage }));
         }
     }
     if freezes {
@@ -573,8 +610,9 @@ pub fn describe(w: &World) -> String {
     let c = &w.cfg;
     let _ = writeln!(
         s,
-        "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}",
-        c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress
+        "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}, store: {}",
+        c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress,
+        if c.leases { "Leases (faults are the API's)" } else { "a state volume" }
     );
     for (i, d) in c.dirs.iter().enumerate() {
         let _ = writeln!(

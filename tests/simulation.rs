@@ -146,10 +146,10 @@ mod exec;
 mod helper;
 #[path = "simulation/init.rs"]
 mod init;
-#[path = "simulation/legacy.rs"]
-mod legacy;
 #[path = "simulation/lease_store.rs"]
 mod lease_store;
+#[path = "simulation/legacy.rs"]
+mod legacy;
 #[path = "simulation/legacy_recorder.rs"]
 mod legacy_recorder;
 #[path = "simulation/pods.rs"]

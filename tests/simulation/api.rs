@@ -205,11 +205,7 @@ impl World {
         }
         if done > now + REQUEST_DEADLINE {
             // Slow past the deadline: the client gives up, the request goes on.
-            return (
-                Fate::Timeout { applies: true },
-                at,
-                now + REQUEST_DEADLINE,
-            );
+            return (Fate::Timeout { applies: true }, at, now + REQUEST_DEADLINE);
         }
         if write && self.fault_end(node, at, FaultKind::LostReply).is_some() {
             return (Fate::Lost, at, done);
@@ -221,7 +217,9 @@ impl World {
     pub fn fault_end(&self, node: usize, t: Ms, kind: FaultKind) -> Option<Ms> {
         self.faults
             .iter()
-            .filter(|f| f.kind == kind && f.from <= t && t < f.to && f.node.is_none_or(|n| n == node))
+            .filter(|f| {
+                f.kind == kind && f.from <= t && t < f.to && f.node.is_none_or(|n| n == node)
+            })
             .map(|f| f.to)
             .max()
     }

@@ -318,7 +318,10 @@ async fn one(
         && mutation::on(Guard::RecoverLock)
         && sim.with(|w| w.cfg.leases && !recovery_lease::held(w, c.h, c.node))
     {
-        return outcome("the right to recover was not renewed in time", String::new());
+        return outcome(
+            "the right to recover was not renewed in time",
+            String::new(),
+        );
     }
     let judged = Judged {
         helper: c.h,

@@ -218,9 +218,7 @@ impl Client {
     /// (`KubeStore::set_aside`: a get, then an update relabelling the version read).
     pub async fn set_aside(&mut self, sim: &Sim, bad: &[(String, u64)]) {
         for (name, _) in bad {
-            let Ok(Some((rv, garbage))) = self
-                .get(sim, name, |_, o| o.body == Body::Garbage)
-                .await
+            let Ok(Some((rv, garbage))) = self.get(sim, name, |_, o| o.body == Body::Garbage).await
             else {
                 continue;
             };
@@ -274,11 +272,15 @@ pub async fn perform(
             let k = key.clone();
             let land = move |w: &mut World| {
                 let landed = w.now;
-                w.store.beats.entry(k.clone()).or_default().push(StoredBeat {
-                    hb: Rc::clone(&hb),
-                    stamped,
-                    landed,
-                });
+                w.store
+                    .beats
+                    .entry(k.clone())
+                    .or_default()
+                    .push(StoredBeat {
+                        hb: Rc::clone(&hb),
+                        stamped,
+                        landed,
+                    });
                 let i = &mut w.incs[inc];
                 i.beat_landed = Some(i.beat_landed.map_or(stamped, |b| b.max(stamped)));
             };
@@ -340,7 +342,12 @@ pub async fn perform(
                         .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
                 let landed = w.now;
                 let rec = Rc::clone(&rec);
-                w.log(|| format!("record Lease {id} of {} ({}) lands", rec.run_id, rec.owner.name));
+                w.log(|| {
+                    format!(
+                        "record Lease {id} of {} ({}) lands",
+                        rec.run_id, rec.owner.name
+                    )
+                });
                 w.store.records.insert(
                     id,
                     Stored {
@@ -351,7 +358,9 @@ pub async fn perform(
                     },
                 );
             };
-            let r = kube.put(sim, &record_name(id), Body::Record(id), land).await;
+            let r = kube
+                .put(sim, &record_name(id), Body::Record(id), land)
+                .await;
             Outcome::Written(r.map(|()| record_path(id)).map_err(io_of))
         }
         Op::Remove(path) => {
@@ -414,7 +423,11 @@ impl World {
         } else {
             self.api.objs.remove(&name);
         }
-        let what = if garbage { "edits into garbage" } else { "deletes" };
+        let what = if garbage {
+            "edits into garbage"
+        } else {
+            "deletes"
+        };
         self.log(|| format!("a person {what} Lease {name}"));
         match body {
             Body::Beat(key) => self.beat_gone(&key),
@@ -432,11 +445,15 @@ impl World {
         if let Some(last) = self.store.beat(key).cloned() {
             let mut hb = (*last.hb).clone();
             hb.v = 0;
-            self.store.beats.entry(key.to_string()).or_default().push(StoredBeat {
-                hb: Rc::new(hb),
-                stamped: last.stamped,
-                landed: now,
-            });
+            self.store
+                .beats
+                .entry(key.to_string())
+                .or_default()
+                .push(StoredBeat {
+                    hb: Rc::new(hb),
+                    stamped: last.stamped,
+                    landed: now,
+                });
         }
     }
 }

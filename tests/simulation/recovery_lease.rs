@@ -71,7 +71,10 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
         let found = match created {
             Ok(o) => return hold(sim, h, node, holder, ttl_ms, o.rv, o.uid),
             Err(Error::AlreadyExists { .. } | Error::AnswerLost { .. } | Error::Timeout { .. }) => {
-                match retried(sim, node, Verb::Get, Some(RECOVERY), |w| w.api.get(RECOVERY)).await
+                match retried(sim, node, Verb::Get, Some(RECOVERY), |w| {
+                    w.api.get(RECOVERY)
+                })
+                .await
                 {
                     Ok(o) => o,
                     Err(Error::NotFound { .. }) => continue,
@@ -178,9 +181,7 @@ pub async fn renewer(sim: std::rc::Rc<Sim>, h: usize) {
             }),
             Err(Error::Conflict { .. }) => {
                 let got = once(&sim, node, Verb::Get, |w| w.api.get(RECOVERY)).await;
-                let ours = |o: &super::api::Obj| {
-                    matches!(&o.body, Body::Recovery { holder, .. } if *holder == r.holder)
-                };
+                let ours = |o: &super::api::Obj| matches!(&o.body, Body::Recovery { holder, .. } if *holder == r.holder);
                 match got {
                     // Renewed by an update whose answer was lost: ours still.
                     Ok(o) if ours(&o) => sim.with(|w| {

@@ -85,7 +85,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         12..=16 => 6_000,
         _ => 30_000,
     };
-    let horizon = ttl * r.range(3, o.max_ttls.max(3));
+    let mut horizon = ttl * r.range(3, o.max_ttls.max(3));
     // Swarm knobs.
     let mut skew = r.chance(500);
     let mut steps = skew && r.chance(500);
@@ -179,6 +179,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             manual = true;
         }
         Focus::Unanswered => {
+            // Room for requests that go unanswered for the client's 10 s and more.
+            horizon += 40_000;
             (skew, steps, vol_faults, node_faults) = (false, false, lr.chance(300), true);
             (restarts, replacements, naming, manual) = (true, true, PodKind::Deployment, true);
         }
@@ -189,7 +191,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
     let n_dirs = match (aliases, o.focus) {
-        (_, Focus::Crowd) => 1,
+        (_, Focus::Crowd | Focus::Unanswered) => 1,
         (true, _) => r.range(2, 3) as u8,
         (false, _) => r.range(1, 2) as u8,
     };
@@ -251,6 +253,12 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         helper_ttl_factor: o.helper_ttl_factor,
         max_ppm,
         leases,
+        // With the API unanswering, a slow request outlives the client's deadline half the time.
+        slow_max: if o.focus == Focus::Unanswered {
+            40_000
+        } else {
+            ttl
+        },
     };
     let mut w = World::new(cfg, Rng::new(r.next_u64()));
     let n_nodes = r.range(2, 3) as usize;
@@ -324,7 +332,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let n_req = (horizon / (ttl / 2)).max(2) * if o.focus == Focus::Crowd { 4 } else { 1 };
+    let crowd = matches!(o.focus, Focus::Crowd | Focus::Unanswered);
+    let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
         let workdir = r.below(w.cfg.workdirs as u64) as u8;
@@ -389,7 +398,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     }
     let fault = |w: &mut World, r: &mut Rng, node: Option<usize>| {
         let kind = match r.below(100) {
-            _ if o.focus == Focus::Unanswered => FaultKind::Hang,
+            _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
+            _ if o.focus == Focus::Unanswered => FaultKind::Slow,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -399,6 +409,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             _ => FaultKind::Hang,
         };
         let len = match kind {
+            // Long enough for reads to go unanswered past the client's 10 s budget.
+            FaultKind::Hang if o.focus == Focus::Unanswered => r.range(ttl, 3 * ttl) + 10_000,
             FaultKind::Hang => r.range(ttl / 4, 2 * ttl),
             FaultKind::FailWrites => r.range(ttl / 3, 3 * ttl),
             FaultKind::Slow => r.range(ttl / 2, 3 * ttl),

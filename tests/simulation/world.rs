@@ -74,6 +74,9 @@ pub struct Cfg {
     /// The records and heartbeats are Leases of the API server (`api.rs`, `lease_store.rs`), not
     /// files of a state volume: no kernel proof, no `recover.lock` (the recovery Lease instead).
     pub leases: bool,
+    /// The most a slow volume or API adds to an operation (the TTL; more where requests must
+    /// time out).
+    pub slow_max: Ms,
 }
 
 /// A working directory `/tf/w<n>`.
@@ -722,7 +725,7 @@ impl World {
             _ => self.rng.range(CALM_OP_MAX, 2000),
         };
         if self.faulty(node, now, FaultKind::Slow).is_some() {
-            lat += self.rng.range(100, self.cfg.ttl);
+            lat += self.rng.range(100, self.cfg.slow_max);
         }
         lat
     }

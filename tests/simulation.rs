@@ -189,7 +189,7 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 13] = [
+const FOCI: [(Focus, &str); 14] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -203,6 +203,7 @@ const FOCI: [(Focus, &str); 13] = [
     (Focus::Crowd, "crowd"),
     (Focus::Leases, "leases"),
     (Focus::Unanswered, "unanswered"),
+    (Focus::LeaseCrowd, "lease-crowd"),
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).

@@ -10,7 +10,9 @@
 //! - `Hang`: the API down. A request is refused at once (no connection, nothing sent), or hangs:
 //!   answered after the window when that is within the client's 10 s request deadline, else no
 //!   answer (`Timeout`), and a write that hung may still apply when the server comes back.
-//! - `FailWrites`: 429 Too Many Requests with a `Retry-After` of 1 to 3 s (nothing applied).
+//! - `FailWrites`: 429 Too Many Requests with a `Retry-After` of 1 to 3 s (nothing applied), for
+//!   every write and a quarter of the reads (the API sheds writes: renewals are refused while
+//!   reads work).
 //! - `LostReply`: a create, update or delete applies, and its answer is lost (`AnswerLost`).
 //! - `Slow`: up to a TTL more per request; past the 10 s deadline the client gives up
 //!   (`Timeout`) while the request still applies.
@@ -199,7 +201,10 @@ impl World {
             let applies = write && self.rng.chance(500);
             return (Fate::Timeout { applies }, at, now + REQUEST_DEADLINE);
         }
-        if self.fault_end(node, now, FaultKind::FailWrites).is_some() {
+        // Writes shed (a quarter of the reads too): a renewal is refused while reads work.
+        if self.fault_end(node, now, FaultKind::FailWrites).is_some()
+            && (write || self.rng.chance(250))
+        {
             let wait = self.rng.range(1, 3) * 1000;
             return (Fate::TooMany(wait), done, done);
         }

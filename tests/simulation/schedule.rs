@@ -75,6 +75,10 @@ pub enum Focus {
     /// The Lease store with an API that does not answer for a while, the whole API's or one
     /// node's (reads and writes time out), and nothing else.
     Unanswered,
+    /// [`Focus::Crowd`] on the Lease store, one node's writes refused for a while (429): a
+    /// helper's renewals of the recovery Lease fail while its reads work, and another helper
+    /// takes the Lease (what `RecoveryLock::held` is for).
+    LeaseCrowd,
 }
 
 /// Builds the world of `seed`.
@@ -117,6 +121,10 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let mut tf_mode = if new { r.below(3) } else { 0 };
     match o.focus {
         Focus::None | Focus::Leases | Focus::Unanswered => {}
+        Focus::LeaseCrowd => {
+            (skew, steps, vol_faults, node_faults) = (false, false, false, true);
+            (restarts, replacements, naming, ooms) = (false, false, PodKind::Deployment, true);
+        }
         Focus::Skew => {
             (skew, steps, vol_faults, node_faults) = (true, false, false, false);
             (restarts, replacements, naming) = (false, false, PodKind::Deployment);
@@ -170,7 +178,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let leases = new
         && match o.focus {
             Focus::None => lr.chance(500),
-            Focus::Leases | Focus::Unanswered => true,
+            Focus::Leases | Focus::Unanswered | Focus::LeaseCrowd => true,
             _ => false,
         };
     match o.focus {
@@ -187,11 +195,12 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         _ => {}
     }
     let lost_replies = lost_replies || o.focus == Focus::Leases;
+    let crowd_like = matches!(o.focus, Focus::Crowd | Focus::LeaseCrowd);
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
     let n_dirs = match (aliases, o.focus) {
-        (_, Focus::Crowd | Focus::Unanswered) => 1,
+        (_, Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd) => 1,
         (true, _) => r.range(2, 3) as u8,
         (false, _) => r.range(1, 2) as u8,
     };
@@ -240,11 +249,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         record_timeout: r.range(ttl / 3, ttl),
         workdirs: n_dirs,
         dirs,
-        workspaces: if r.chance(200) && o.focus != Focus::Crowd {
-            2
-        } else {
-            1
-        },
+        workspaces: if r.chance(200) && !crowd_like { 2 } else { 1 },
         probe_unknown: if unknown { 200 } else { 0 },
         calm_at: horizon,
         end_at: horizon + ttl,
@@ -282,7 +287,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         });
     }
     let mut env: Vec<(Ms, EnvEv)> = Vec::new();
-    let n_pods = if o.focus == Focus::Crowd {
+    let n_pods = if crowd_like {
         3
     } else {
         r.range(2, 3) as usize
@@ -332,7 +337,10 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let crowd = matches!(o.focus, Focus::Crowd | Focus::Unanswered);
+    let crowd = matches!(
+        o.focus,
+        Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd
+    );
     let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
@@ -400,6 +408,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         let kind = match r.below(100) {
             _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
             _ if o.focus == Focus::Unanswered => FaultKind::Slow,
+            _ if o.focus == Focus::LeaseCrowd => FaultKind::FailWrites,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,

@@ -174,7 +174,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     // The store: the Lease store in about half of today's schedules, drawn apart from the rest
     // so that the file store's schedules stay what they were (the foci tuned for a volume keep
     // it).
-    let mut lr = Rng::new(seed ^ 0x1ea5_e5_57_0e);
+    let mut lr = Rng::new(seed ^ 0x001e_a5e5_570e);
     let leases = new
         && match o.focus {
             Focus::None => lr.chance(500),

@@ -211,3 +211,65 @@ fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_leas
     assert!(record_leases(&c).is_empty());
     w.assert_state_consistent();
 }
+
+/// A pod whose API server fails every list of Leases from its start (a control-plane upgrade):
+/// `TFINIT_STORE=auto` picks no store yet, and what the Leases hold is unknown, not nothing. A
+/// record of an earlier container of this pod may be there, so no state-locking terraform starts
+/// (75, the controller retries) until the API answers; then the Leases are chosen and the apply
+/// runs with its record. Before issue 24's fix the runs started without records.
+#[test]
+fn a_pod_whose_api_never_answered_refuses_locking_runs_until_it_answers() {
+    if !have_deps() || !kube_cluster::have_deps() {
+        return;
+    }
+    let w = S3World::new("kube-unlisted");
+    let c = Cluster::start("kube-unlisted-api");
+    c.api
+        .faults(json!({"fail": {"list leases": {"code": 503}}}));
+    let out = w.tmp.join("pod-a.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "0".into()));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_until_success(&out, 60),
+            env,
+        },
+    );
+    wait_for(
+        STEP,
+        "pod-a's warning that its store can neither be written nor listed",
+        || {
+            pod_a
+                .log()
+                .contains("can neither be written nor listed")
+                .then_some(())
+        },
+    );
+    // Two attempts refused before terraform started: no lock, no record.
+    wait_for(STEP, "two refused attempts", || {
+        (attempts(&out).len() >= 2).then_some(())
+    });
+    let first = common::read(&out.with_extension("out.1"));
+    assert!(
+        first.contains("terraform was not started") && first.contains("exit code 75"),
+        "{first}"
+    );
+    assert!(attempts(&out).iter().all(|t| !t.ok));
+    assert!(w.held().is_none(), "terraform never took its lock");
+    assert!(w.records().is_empty(), "nothing written to files");
+    // The API answers: the Leases are chosen, and the next attempt runs with a record.
+    c.api.faults(json!({}));
+    let st = pod_a.wait();
+    let log = pod_a.log();
+    assert!(st.success(), "pod-a never succeeded: {log}");
+    assert!(
+        log.contains("lock-owner records go to the Kubernetes API"),
+        "{log}"
+    );
+    assert!(attempts(&out).last().unwrap().ok);
+    assert!(!log.contains("starts without a lock-owner record"), "{log}");
+    w.assert_state_consistent();
+}

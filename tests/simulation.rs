@@ -207,7 +207,7 @@ const FOCI: [(Focus, &str); 14] = [
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).
-const GUARDS: [(Guard, &str); 13] = [
+const GUARDS: [(Guard, &str); 14] = [
     (Guard::Watch, "watch"),
     (Guard::Fence, "fence"),
     (Guard::FreshHeartbeat, "fresh-heartbeat"),
@@ -220,6 +220,7 @@ const GUARDS: [(Guard, &str); 13] = [
     (Guard::OwnersTtl, "owners-ttl"),
     (Guard::LiveRuns, "live-runs"),
     (Guard::Wordings, "wordings"),
+    (Guard::UnansweredRead, "unanswered-read"),
     (Guard::RecoveryHeld, "recovery-held"),
 ];
 

@@ -7,8 +7,8 @@
 //!   409 (changed, or exists), 404 (gone), a lost answer and no answer are each resolved by a get
 //!   and the change applied to what it read, at most 5 rounds; each request sent again as the
 //!   real `RetryPolicy` says (`api::retried`).
-//! - A list that gets no answer is an empty list (`KubeStore::list`, `beats`); a heartbeat read
-//!   that gets none is None (`read_heartbeat`), as the real store answers today.
+//! - A read that gets no answer is an error (the store contract of issue 24): a list of records
+//!   is `Found::Unlisted`, a heartbeat read or a list of heartbeats an `Err`.
 //! - A record Lease edited by hand into garbage is set aside by relabelling (an update on the
 //!   version read: a record its owner rewrote since is a conflict, and stays).
 //! - A person deletes or garbles one Lease of an owner at a time (`hand`): deleting both a live
@@ -24,8 +24,8 @@ use std::rc::Rc;
 use tfinit::kube::{Error, Verb};
 use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
-use tfinit::locks::recorder::machine::{Held, Op, Outcome};
-use tfinit::locks::recorder::{Beat, Entry};
+use tfinit::locks::recorder::machine::{HeartbeatRead, Held, Op, Outcome};
+use tfinit::locks::recorder::Entry;
 
 use super::api::{call, retried, Body, Pre, Refusal};
 use super::exec::Sim;
@@ -160,9 +160,13 @@ impl Client {
         .await
     }
 
-    /// `KubeStore::read_heartbeat`: None when missing, unreadable, another incarnation's, or
-    /// not answered.
-    pub async fn read_heartbeat(&mut self, sim: &Sim, owner: &Owner) -> Option<Heartbeat> {
+    /// `KubeStore::read_heartbeat`: Ok(None) when missing, unreadable or another incarnation's;
+    /// Err when the API gave no answer.
+    pub async fn read_heartbeat(
+        &mut self,
+        sim: &Sim,
+        owner: &Owner,
+    ) -> Result<Option<Heartbeat>, String> {
         let key = owner.key();
         let o = owner.clone();
         let got = self
@@ -174,11 +178,16 @@ impl Client {
                     .map(|b| (*b.hb).clone())
             })
             .await;
-        got.ok().flatten().and_then(|(_, hb)| hb)
+        got.map(|found| found.and_then(|(_, hb)| hb))
+            .map_err(|e| e.to_string())
     }
 
-    /// `KubeStore::heartbeats` (every one) or `heartbeats_named`: empty when not answered.
-    pub async fn heartbeats(&mut self, sim: &Sim, named: Option<&str>) -> Vec<Heartbeat> {
+    /// `KubeStore::heartbeats` (every one) or `heartbeats_named`; Err when not answered.
+    pub async fn heartbeats(
+        &mut self,
+        sim: &Sim,
+        named: Option<&str>,
+    ) -> Result<Vec<Heartbeat>, String> {
         let named = named.map(str::to_string);
         retried(sim, self.node, Verb::List, None, move |w| {
             Ok(w.api
@@ -194,7 +203,7 @@ impl Client {
                 .collect())
         })
         .await
-        .unwrap_or_default()
+        .map_err(|e| e.to_string())
     }
 
     /// `KubeStore::remove`: a delete; a Lease already gone is fine.
@@ -294,27 +303,32 @@ pub async fn perform(
             Outcome::Tidied
         }
         Op::List => {
-            let found = kube.records(sim).await.map(|l| l.0).unwrap_or_default();
-            Outcome::Listed(
-                found
+            // `Found::Unlisted` when the list got no answer: the records are unknown.
+            let (found, unlisted) = match kube.records(sim).await {
+                Ok(l) => (l.0, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            Outcome::Listed {
+                records: found
                     .into_iter()
                     .map(|(id, rec)| Entry::of(record_path(id), &rec))
                     .collect(),
-            )
+                unlisted,
+            }
         }
         Op::ReadHeartbeats { owners, name } => {
             let mut each = Vec::new();
             for owner in owners {
                 let started = sim.with(|w| w.mono(node));
-                let heartbeat = kube.read_heartbeat(sim, &owner).await;
+                let answer = kube.read_heartbeat(sim, &owner).await;
                 let done = sim.with(|w| w.mono(node));
-                let beat = Beat {
+                each.push(HeartbeatRead {
                     owner,
-                    heartbeat,
+                    answer,
                     started,
                     done,
-                };
-                each.push((beat, None));
+                    proof: None,
+                });
             }
             let named_started = sim.with(|w| w.mono(node));
             let named = kube.heartbeats(sim, Some(&name)).await;

@@ -132,8 +132,9 @@ pub enum Launch {
     Yes,
     /// Not while this owner's heartbeat does not land (the fence is up).
     Fenced,
-    /// Not while the store cannot be written and a record with this pod's `Who` is on it (in
-    /// any working directory: another may lock the same state).
+    /// Not while the store cannot be written and a record with this pod's `Who` is on it, or
+    /// its records cannot be listed (in any working directory: another may lock the same
+    /// state).
     Shadowed,
     /// Not before a heartbeat of this incarnation is on the volume, while the store has not
     /// opened (it hangs, or it did not answer in time): other pods cannot know it is alive, nor
@@ -297,7 +298,8 @@ impl Book {
         if self.state == StoreState::Failed {
             // In every directory, not only those of the records: a directory's path does not say
             // which state its runs lock (a symbolic link, a backend naming the same key).
-            if !self.shadowed.is_empty() && mutation::on(Guard::Shadowed) {
+            let unseen = !self.shadowed.is_empty() || self.unlisted().is_some();
+            if unseen && mutation::on(Guard::Shadowed) {
                 return Launch::Shadowed;
             }
         } else if self.heartbeat_ok.is_none() && mutation::on(Guard::Unseen) {

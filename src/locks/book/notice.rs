@@ -41,6 +41,14 @@ pub enum Notice {
         /// The working directories.
         workdirs: Vec<PathBuf>,
     },
+    /// The store cannot be written, and its records cannot be listed either: state-locking
+    /// runs are refused meanwhile.
+    Unlisted {
+        /// The store's location.
+        dir: String,
+        /// Why the listing got no answer.
+        error: String,
+    },
     /// A run's record did not land in time: it starts without one.
     RecordTimeout {
         /// The run.
@@ -169,14 +177,22 @@ impl Notice {
             Notice::Shadowed { dir, workdirs } => {
                 let dirs = list(workdirs.iter().map(|d| d.display()));
                 format!(
-                    "TFINIT_STATE_DIR ({dir}) cannot be written but holds lock-owner records of earlier runs with this pod's \
-                     hostname in their lock's Who, in {dirs}: state-locking runs are refused (exit code 75), in every \
-                     directory (another may lock the same state), until the volume takes writes again or those records \
-                     are gone, because another pod recovering such a record could release a lock of this pod's, which \
-                     carries the same Who, while this pod cannot say it is alive. Fix the volume (space, permissions, the \
-                     NFS server)"
+                    "the lock-owner record store ({dir}) cannot be written but holds lock-owner records of earlier runs with \
+                     this pod's hostname in their lock's Who, in {dirs}: state-locking runs are refused (exit code 75), in \
+                     every directory (another may lock the same state), until the store takes writes again or those \
+                     records are gone, because another pod recovering such a record could release a lock of this pod's, \
+                     which carries the same Who, while this pod cannot say it is alive. Fix the store (the volume at \
+                     TFINIT_STATE_DIR: space, permissions, the NFS server; or the Kubernetes API and the service \
+                     account's rights on Leases)"
                 )
             }
+            Notice::Unlisted { dir, error } => format!(
+                "the lock-owner record store ({dir}) can neither be written nor listed ({error}): it may hold a record of an \
+                 earlier run with this pod's hostname in its lock's Who, so state-locking runs are refused (exit code 75), \
+                 in every directory, until the store answers, because another pod recovering such a record could release a \
+                 lock of this pod's, which carries the same Who, while this pod cannot say it is alive. Check the store \
+                 (the volume at TFINIT_STATE_DIR, or the Kubernetes API and the service account's rights on Leases)"
+            ),
             Notice::RecordTimeout { run, dir, timeout } => format!(
                 "run {run}: the state volume did not answer within TFINIT_RECORD_TIMEOUT ({}): terraform starts without a \
                  lock-owner record, so a state lock this run leaves behind will not be released automatically. \

@@ -148,9 +148,15 @@ pub struct Table {
     pub scanned: Instant,
     /// Every readable record.
     pub records: Vec<Entry>,
+    /// Why the records could not be listed (then `records` is empty, and what the store holds is
+    /// unknown, not nothing).
+    pub unlisted: Option<String>,
     /// One read of the heartbeat of each incarnation with records, and of every other
-    /// incarnation of our own name.
+    /// incarnation of our own name, that the store answered.
     pub beats: Vec<Beat>,
+    /// The incarnations with records whose heartbeat read got no answer: not watched this time,
+    /// but still watched.
+    pub unread: Vec<String>,
     /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`](crate::locks::store::Store::incarnation_gone)).
     pub gone: Vec<String>,
     /// The incarnations with records a process of which holds their lock file: alive, whatever

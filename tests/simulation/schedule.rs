@@ -122,6 +122,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     match o.focus {
         Focus::None | Focus::Leases | Focus::Unanswered => {}
         Focus::LeaseCrowd => {
+            horizon += 30_000;
             (skew, steps, vol_faults, node_faults) = (false, false, false, true);
             (restarts, replacements, naming, ooms) = (false, false, PodKind::Deployment, true);
         }
@@ -421,6 +422,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             // Long enough for reads to go unanswered past the client's 10 s budget.
             FaultKind::Hang if o.focus == Focus::Unanswered => r.range(ttl, 3 * ttl) + 10_000,
             FaultKind::Hang => r.range(ttl / 4, 2 * ttl),
+            // Long enough for a recovery Lease to lapse under a helper at work.
+            FaultKind::FailWrites if o.focus == Focus::LeaseCrowd => r.range(2 * ttl, 4 * ttl),
             FaultKind::FailWrites => r.range(ttl / 3, 3 * ttl),
             FaultKind::Slow => r.range(ttl / 2, 3 * ttl),
             FaultKind::LostReply => r.range(ttl / 4, ttl),

@@ -224,21 +224,23 @@ impl Client {
     }
 
     /// `Store::sweep`'s part for the Leases: each unreadable record Lease listed is set aside
-    /// (`KubeStore::set_aside`: a get, then an update relabelling the version read).
+    /// (`KubeStore::set_aside`: a get, then an update relabelling the version that get read,
+    /// whatever it holds by then: a record its owner rewrote since the list is set aside too,
+    /// and back when its owner next writes it, after the 409).
     pub async fn set_aside(&mut self, sim: &Sim, bad: &[(String, u64)]) {
         for (name, _) in bad {
-            let Ok(Some((rv, garbage))) = self.get(sim, name, |_, o| o.body == Body::Garbage).await
-            else {
+            let Ok(Some((rv, ()))) = self.get(sim, name, |_, _| ()).await else {
                 continue;
             };
-            if !garbage {
-                // Rewritten by its owner since the list: a record again (the real store's
-                // `set_aside` relabels what it read; here a record read back is not garbage).
-                continue;
-            }
             let n = name.clone();
             let _ = retried(sim, self.node, Verb::Update, Some(name), move |w| {
-                w.api.update(&n, rv, Body::Aside).map(|_| ())
+                let before = w.api.get(&n)?.body;
+                w.api.update(&n, rv, Body::Aside)?;
+                if let Body::Record(id) = before {
+                    w.store.records.remove(&id);
+                    w.log(|| format!("record Lease {id}, rewritten since the list, set aside"));
+                }
+                Ok(())
             })
             .await;
         }

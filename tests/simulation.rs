@@ -53,10 +53,8 @@
 //!   died meanwhile. Faults, on the volume or on one node's mount: hangs (operations complete
 //!   after the hang), failing writes while reads work (ENOSPC), writes that land but report an
 //!   error (the rename done, the directory fsync failed), slowness.
-//! - Or, in about half of the schedules (every one of the foci `leases`, `unanswered`,
-//!   `lease-crowd`), the Lease store: a simulated API server (`api.rs`: resourceVersion, 409, 404,
-//!   the API down, slow, 429 with Retry-After, lost answers, Leases deleted or garbled by hand),
-//!   `KubeStore` step by step (`lease_store.rs`), the recovery Lease (`recovery_lease.rs`).
+//! - Or (half the schedules; foci `leases`, `unanswered`, `lease-crowd`) the Lease store: `api.rs`
+//!   (an API server and its faults), `lease_store.rs` (`KubeStore`), `recovery_lease.rs`.
 //! - Working directories `/tf/w<n>` and the states their backends name: a directory may be a
 //!   symbolic link to another, or name the same backend key (two directories, one state); one's
 //!   key may come from the environment (tfinit cannot tell its state from another's).
@@ -715,6 +713,13 @@ mutant!(
     Focus::TwoHelpers,
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
+);
+mutant!(
+    mutant_recovery_held,
+    Guard::RecoveryHeld,
+    Focus::LeaseCrowd,
+    2_000,
+    "Safety(UnlockRace)"
 );
 mutant!(
     mutant_wordings,

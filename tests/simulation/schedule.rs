@@ -443,7 +443,8 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if node_faults {
-        for _ in 0..r.range(1, 2) {
+        let most = if o.focus == Focus::LeaseCrowd { 6 } else { 2 };
+        for _ in 0..r.range(1, most) {
             let n = r.pick(n_nodes);
             fault(&mut w, &mut r, Some(n));
         }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::labels::StoreStatus;
+use super::labels::{StoreFault, StoreStatus};
 use super::liveness::{Fence, Observer};
 use super::names::RunId;
 use super::record::Owner;
@@ -83,12 +83,16 @@ pub struct View {
     pub heartbeat_age: Option<Duration>,
     /// Records whose lock a recovery found it cannot release: a person must.
     pub needing_person: usize,
+    /// Heartbeat writes that failed since the init started, by [`StoreFault::ALL`]'s order.
+    pub heartbeat_failures: [u64; StoreFault::ALL.len()],
 }
 
 /// What the loop knows about records.
 #[derive(Debug)]
 pub struct Book {
     state: StoreState,
+    /// Where the records are, for messages: TFINIT_STATE_DIR until the store's opening says
+    /// which store TFINIT_STORE chose (the Leases of a namespace, or the directory).
     dir: String,
     me: Owner,
     ttl: Duration,
@@ -121,6 +125,10 @@ pub struct Book {
     /// While the store cannot be written: where records of this host's `Who` keep state-locking
     /// runs from starting ([`Book::may_launch`]).
     shadowed: Vec<PathBuf>,
+    /// Heartbeat writes that failed, by [`StoreFault::ALL`]'s order, and the kind of failure
+    /// last reported (until a heartbeat lands): each kind is said once, not every TTL/3.
+    heartbeat_failures: [u64; StoreFault::ALL.len()],
+    heartbeat_fault: Option<StoreFault>,
     runs: HashMap<RunId, RecordedRun>,
     closing: HashMap<RunId, Closing>,
 }
@@ -176,6 +184,8 @@ impl Book {
             shared_reported: false,
             fence: FenceStage::Clear,
             shadowed: Vec::new(),
+            heartbeat_failures: [0; StoreFault::ALL.len()],
+            heartbeat_fault: None,
             runs: HashMap::new(),
             closing: HashMap::new(),
         }
@@ -189,6 +199,14 @@ impl Book {
     /// Takes in what the recorder did, at `now`.
     pub fn on_completion(&mut self, c: Completion, now: Instant) -> Vec<Event> {
         let mut ev = Vec::new();
+        // Where the records are, as the opening says it (which store TFINIT_STORE chose): what
+        // every message about the store names from now on.
+        if let Completion::Opened {
+            location: Some(l), ..
+        } = &c
+        {
+            self.dir.clone_from(l);
+        }
         match c {
             Completion::Opened {
                 result: Ok(()),
@@ -209,7 +227,9 @@ impl Book {
                 ..
             } => self.beat_landed(stamped, now, &mut ev),
             // The next heartbeat's age still counts from the last one that landed.
-            Completion::Heartbeat { result: Err(_), .. } => {}
+            Completion::Heartbeat {
+                result: Err(error), ..
+            } => self.beat_failed(error, &mut ev),
             Completion::Created { run, result } => self.created(run, result, &mut ev),
             Completion::Written { run, result } => match result {
                 Ok(()) => self.answered(&mut ev),
@@ -345,6 +365,7 @@ impl Book {
             state,
             heartbeat_age: self.heartbeat_age(now),
             needing_person: self.needing_person,
+            heartbeat_failures: self.heartbeat_failures,
         }
     }
 }

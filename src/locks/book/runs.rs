@@ -412,7 +412,10 @@ mod tests {
         let ev = b.on_completion(
             Completion::Created {
                 run: RunId::from(1),
-                result: Err(WriteError::Volume("no space left".into())),
+                result: Err(WriteError::Volume(
+                    StoreFault::Other,
+                    "no space left".into(),
+                )),
             },
             t,
         );
@@ -493,6 +496,7 @@ mod tests {
                 result: Ok(()),
                 table: Some(table(t, vec![], vec![])),
                 passwd_user: Some("app".into()),
+                location: None,
                 beat: Some(t),
                 lock: None,
             },

@@ -25,6 +25,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::labels::StoreFault;
 use super::liveness::Facts;
 use super::names::RunId;
 use super::record::{Ended, Heartbeat, Owner, Record};
@@ -50,8 +51,8 @@ pub enum WriteError {
     Cancelled,
     /// A create that must follow a fresh heartbeat, which could not be written.
     NoHeartbeat,
-    /// The volume's own error.
-    Volume(String),
+    /// The store's own error: its kind, and its text (which says what to do).
+    Volume(StoreFault, String),
 }
 
 impl std::fmt::Display for WriteError {
@@ -63,7 +64,7 @@ impl std::fmt::Display for WriteError {
             WriteError::NoHeartbeat => {
                 "not written: the heartbeat it must follow could not be written"
             }
-            WriteError::Volume(e) => e,
+            WriteError::Volume(_, e) => e,
         })
     }
 }
@@ -72,7 +73,7 @@ impl std::error::Error for WriteError {}
 
 impl From<io::Error> for WriteError {
     fn from(e: io::Error) -> WriteError {
-        WriteError::Volume(e.to_string())
+        WriteError::Volume(StoreFault::of(e.kind()), e.to_string())
     }
 }
 
@@ -189,6 +190,9 @@ pub enum Completion {
         table: Option<Table>,
         /// Our uid's passwd user name.
         passwd_user: Option<String>,
+        /// Where the store is (which one TFINIT_STORE chose), for messages; None when no opening
+        /// was tried.
+        location: Option<String>,
         /// When the first heartbeat write (which succeeded) started: its age counts from then,
         /// not from this completion (the sweep and the scan came after it).
         beat: Option<Instant>,
@@ -245,6 +249,7 @@ impl Completion {
             result: Err(error),
             table: None,
             passwd_user: None,
+            location: None,
             beat: None,
             lock: None,
         }

@@ -274,6 +274,7 @@ pub async fn perform(
             Outcome::Opened {
                 passwd_user: None,
                 host,
+                location: format!("the Leases of namespace {}", super::api::NAMESPACE),
                 result: listed.map(|()| Held::NoFile).map_err(|e| e.to_string()),
             }
         }

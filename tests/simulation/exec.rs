@@ -193,18 +193,26 @@ impl Sim {
 
 /// Every record on the volume, at one moment.
 pub async fn list(sim: &Sim, node: usize) -> Vec<(u64, Rc<Record>)> {
+    listed(sim, node).await.unwrap_or_default()
+}
+
+/// The records, or None when the listing got no answer (`Found::Unlisted`; only the API fails
+/// reads here).
+pub async fn listed(sim: &Sim, node: usize) -> Option<Vec<(u64, Rc<Record>)>> {
     if sim.with(|w| w.cfg.leases) {
         let mut kube = super::lease_store::Client::new(node);
-        return kube.records(sim).await.map(|l| l.0).unwrap_or_default();
+        return kube.records(sim).await.map(|l| l.0).ok();
     }
-    sim.read(node, |w| {
-        w.store
-            .records
-            .iter()
-            .map(|(id, s)| (*id, Rc::clone(&s.rec)))
-            .collect()
-    })
-    .await
+    Some(
+        sim.read(node, |w| {
+            w.store
+                .records
+                .iter()
+                .map(|(id, s)| (*id, Rc::clone(&s.rec)))
+                .collect()
+        })
+        .await,
+    )
 }
 
 /// The heartbeat file of incarnation `owner` (today's layout).

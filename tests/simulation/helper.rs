@@ -26,7 +26,7 @@ use tfinit::locks::who::who_host;
 use tfinit::mutation::{self, Guard};
 
 use super::backend::{probe, unlock, Probe};
-use super::exec::{list, read_heartbeat, read_heartbeat_by_name, Sim, WaitFor};
+use super::exec::{list, listed, read_heartbeat, read_heartbeat_by_name, Sim, WaitFor};
 use super::lease_store;
 use super::legacy;
 use super::recovery_lease;
@@ -300,7 +300,17 @@ async fn one(
     if !matches!(state_now(sim, c, observer, rec).await, RunState::Over(_)) {
         return outcome("alive at the re-check", String::new());
     }
-    let fresh = list(sim, c.node).await;
+    // A listing with no answer is no "none" (recover/mod.rs: ambiguous).
+    let fresh = match listed(sim, c.node).await {
+        Some(fresh) => fresh,
+        None if mutation::on(Guard::UnansweredRead) => {
+            return outcome(
+                "ambiguous: the records unlisted at the re-check",
+                String::new(),
+            )
+        }
+        None => Vec::new(),
+    };
     let w2 = window(sim, c, observer, id, rec, &info, &fresh).await;
     match decide(rec, &info, &w2) {
         Decision::NotOurs(d) => {

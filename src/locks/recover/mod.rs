@@ -399,15 +399,22 @@ impl Recovery {
         if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
             return RecoveryOutcome::OwnerAlive;
         }
-        let fresh: Vec<(RecordId, Record)> = self
-            .store
-            .list()
-            .into_iter()
-            .filter_map(|f| match f {
-                Found::Record(p, r) => Some((p, *r)),
-                _ => None,
-            })
-            .collect();
+        let mut fresh: Vec<(RecordId, Record)> = Vec::new();
+        for f in self.store.list() {
+            match f {
+                Found::Record(p, r) => fresh.push((p, *r)),
+                // A run that started since, with the same Who, may be among the records not
+                // listed: a listing with no answer is no "none" (found by the simulation's model
+                // of this recheck).
+                Found::Unlisted(why) if mutation::on(Guard::UnansweredRead) => {
+                    return RecoveryOutcome::Ambiguous(
+                        info,
+                        format!("the records could not be listed again right before the release ({why}): a run with the same Who may have started since"),
+                    )
+                }
+                _ => {}
+            }
+        }
         match decide(rec, &info, &self.window(observer, path, rec, &info, &fresh)) {
             Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),

@@ -78,6 +78,15 @@ impl std::fmt::Debug for RecoveryLock {
     }
 }
 
+/// One change of a batch ([`Store::apply`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Write this record, new or rewritten (as [`Store::write`]).
+    Put(Box<Record>),
+    /// Remove this record (as [`Store::remove`]).
+    Remove(RecordId),
+}
+
 /// All storage of records and heartbeats. Every method may block on the volume.
 pub trait Store: Send {
     /// Where the store is, for messages (the state directory).
@@ -99,6 +108,20 @@ pub trait Store: Send {
 
     /// Removes a record; a missing one is fine.
     fn remove(&self, id: &RecordId) -> io::Result<()>;
+
+    /// Applies a batch of changes (the recorder's group commit: every record change of one
+    /// incarnation pending at one moment), as few writes as the store can make of it; returns
+    /// each change's result, in order (a put's id; a removal's id as given). A store that can do
+    /// no better than one change after the other: the default.
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Put(r) => self.write(r),
+                Change::Remove(id) => self.remove(id).map(|()| id.clone()),
+            })
+            .collect()
+    }
 
     /// Sets a record aside so no recovery reads it again; returns its new id.
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId>;

@@ -26,7 +26,7 @@ use crate::config::StoreSetting;
 use crate::kube::{Client, Config, Deadlines, ROLE_RULE};
 use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
 
-use super::{Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
+use super::{Aside, Change, FileStore, KubeStore, RecordId, RecoveryLock, Store};
 
 /// The store for `setting`: files in `state_dir`, Leases of the pod's namespace for incarnation
 /// `me` (stating `ttl`), or the choice between them made at the first call. Reads the in-cluster
@@ -193,7 +193,7 @@ impl Store for Chosen {
 
     fn read(&self, id: &RecordId) -> io::Result<Record> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.read(id),
+            Target::Kube(k, _) if !id.in_files() => k.read(id),
             Target::Kube(_, _) | Target::File(_) => self.file.read(id),
             Target::None(why) => Err(none(why)),
         })
@@ -202,16 +202,54 @@ impl Store for Chosen {
     fn write(&self, record: &Record) -> io::Result<RecordId> {
         self.with(|t| match t {
             // A record of the files (a predecessor's, marked by a recovery) is rewritten there.
-            Target::Kube(_, Some(f)) if f.path_of(record).is_file() => f.write(record),
+            Target::Kube(_, Some(f)) if f.holds(record) => f.write(record),
             Target::Kube(k, _) => k.write(record),
             Target::File(f) => f.write(record),
             Target::None(why) => Err(none(why)),
         })
     }
 
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        self.with(|t| match t {
+            // The changes of records in the files (a predecessor's) go there, the rest to the
+            // API: each store's part is one batch.
+            Target::Kube(k, files) => {
+                let in_files = |c: &Change| match c {
+                    Change::Put(r) => files.is_some_and(|f| f.holds(r)),
+                    Change::Remove(id) => id.in_files(),
+                };
+                let here: Vec<bool> = changes.iter().map(in_files).collect();
+                let pick = |local: bool| -> Vec<Change> {
+                    changes
+                        .iter()
+                        .zip(&here)
+                        .filter(|(_, h)| **h == local)
+                        .map(|(c, _)| c.clone())
+                        .collect()
+                };
+                let (local, api) = (pick(true), pick(false));
+                let mut local = match files {
+                    Some(f) => f.apply(&local),
+                    None => self.file.apply(&local),
+                }
+                .into_iter();
+                let mut api = k.apply(&api).into_iter();
+                let no = || Err(io::Error::other("no change was made"));
+                here.iter()
+                    .map(|h| {
+                        let next = if *h { local.next() } else { api.next() };
+                        next.unwrap_or_else(no)
+                    })
+                    .collect()
+            }
+            Target::File(f) => f.apply(changes),
+            Target::None(why) => changes.iter().map(|_| Err(none(why.clone()))).collect(),
+        })
+    }
+
     fn remove(&self, id: &RecordId) -> io::Result<()> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.remove(id),
+            Target::Kube(k, _) if !id.in_files() => k.remove(id),
             Target::Kube(_, _) | Target::File(_) => self.file.remove(id),
             Target::None(why) => Err(none(why)),
         })
@@ -219,7 +257,7 @@ impl Store for Chosen {
 
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.set_aside(id, why),
+            Target::Kube(k, _) if !id.in_files() => k.set_aside(id, why),
             Target::Kube(_, _) | Target::File(_) => self.file.set_aside(id, why),
             Target::None(text) => Err(none(text)),
         })

@@ -29,12 +29,14 @@ use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 mod choose;
 mod file;
 mod fsio;
+mod incarnation;
 mod kernel;
 pub mod kube;
 mod report;
 
 pub use choose::{chosen, chosen_with};
 pub use file::FileStore;
+pub use incarnation::{FILE_FORMAT, MAX_INCARNATION_FILE};
 pub use kube::KubeStore;
 
 /// Which record of a store (see [`crate::locks::record_id`]).

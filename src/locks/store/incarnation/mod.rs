@@ -58,23 +58,37 @@ enum Content {
     Many(Vec<Value>),
 }
 
-/// What `bytes`, read from a file of `records/`, hold; Err: the Found that says why not.
+/// What `bytes`, read from a file of `records/`, hold; Err: the Found that says why not. An
+/// incarnation's file is told by its shape (a `records` field), not by its version alone: a
+/// record of a newer format than [`FORMAT`](crate::locks::record::FORMAT) is a record still, left
+/// alone as one.
 fn content(id: RecordId, bytes: Vec<u8>) -> Result<Content, Found> {
     #[derive(Deserialize)]
-    struct Version {
+    struct Shape {
         v: u32,
+        records: Option<Value>,
     }
-    match serde_json::from_slice::<Version>(&bytes) {
-        Ok(Version { v }) if v == FILE_FORMAT => {
-            match serde_json::from_slice::<IncarnationFile>(&bytes) {
-                Ok(f) => Ok(Content::Many(f.records)),
-                Err(e) => Err(Found::Corrupt(
-                    id,
-                    format!("not an incarnation's records: {e}"),
-                )),
-            }
-        }
-        Ok(Version { v }) if v > FILE_FORMAT => Err(Found::Future(id, v)),
+    match serde_json::from_slice::<Shape>(&bytes) {
+        Ok(Shape {
+            v,
+            records: Some(_),
+        }) if v > FILE_FORMAT => Err(Found::Future(id, v)),
+        Ok(Shape {
+            records: Some(_), ..
+        }) => match serde_json::from_slice::<IncarnationFile>(&bytes) {
+            Ok(f) if f.v == FILE_FORMAT => Ok(Content::Many(f.records)),
+            Ok(f) => Err(Found::Corrupt(
+                id,
+                format!(
+                    "records of format {} (an incarnation's file is format {FILE_FORMAT})",
+                    f.v
+                ),
+            )),
+            Err(e) => Err(Found::Corrupt(
+                id,
+                format!("not an incarnation's records: {e}"),
+            )),
+        },
         // A file of one record is never larger than MAX_FILE: a larger one is a tfinit's from
         // before the cap, maybe alive.
         _ if bytes.len() as u64 > MAX_FILE => {

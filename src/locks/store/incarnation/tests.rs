@@ -162,6 +162,9 @@ fn a_damaged_record_in_an_incarnations_file_is_set_aside_alone_by_the_sweep() {
     assert!(matches!(&store.list()[..], [Found::Future(_, v)] if *v == FILE_FORMAT + 1));
     assert!(store.sweep().is_empty());
     assert!(file.exists(), "a newer tfinit's file is left alone");
+    // A record of a newer record format (no `records` field) is a record still, left alone.
+    fs::write(&file, r#"{"v":5,"owner":{"name":"pod-y"}}"#).unwrap();
+    assert!(matches!(&store.list()[..], [Found::Future(_, 5)]));
     fs::remove_dir_all(&dir).unwrap();
 }
 

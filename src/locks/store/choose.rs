@@ -211,37 +211,10 @@ impl Store for Chosen {
 
     fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
         self.with(|t| match t {
-            // The changes of records in the files (a predecessor's) go there, the rest to the
-            // API: each store's part is one batch.
-            Target::Kube(k, files) => {
-                let in_files = |c: &Change| match c {
-                    Change::Put(r) => files.is_some_and(|f| f.holds(r)),
-                    Change::Remove(id) => id.in_files(),
-                };
-                let here: Vec<bool> = changes.iter().map(in_files).collect();
-                let pick = |local: bool| -> Vec<Change> {
-                    changes
-                        .iter()
-                        .zip(&here)
-                        .filter(|(_, h)| **h == local)
-                        .map(|(c, _)| c.clone())
-                        .collect()
-                };
-                let (local, api) = (pick(true), pick(false));
-                let mut local = match files {
-                    Some(f) => f.apply(&local),
-                    None => self.file.apply(&local),
-                }
-                .into_iter();
-                let mut api = k.apply(&api).into_iter();
-                let no = || Err(io::Error::other("no change was made"));
-                here.iter()
-                    .map(|h| {
-                        let next = if *h { local.next() } else { api.next() };
-                        next.unwrap_or_else(no)
-                    })
-                    .collect()
-            }
+            // A batch is the recorder's, of this incarnation's own records: the API's. A record
+            // in the files (a predecessor's) is marked or removed by a recovery through `write`
+            // and `remove`, which find it there.
+            Target::Kube(k, _) => k.apply(changes),
             Target::File(f) => f.apply(changes),
             Target::None(why) => changes.iter().map(|_| Err(none(why.clone()))).collect(),
         })

@@ -36,7 +36,7 @@ pub const MAX_INCARNATION_FILE: u64 = 64 * MAX_FILE;
 
 /// An incarnation's file: its records, as JSON values (a record this tfinit cannot parse is
 /// kept as it is when the file is rewritten, for the sweep to set aside).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize)]
 struct IncarnationFile {
     v: u32,
     records: Vec<Value>,
@@ -59,34 +59,29 @@ enum Content {
 }
 
 /// What `bytes`, read from a file of `records/`, hold; Err: the Found that says why not. An
-/// incarnation's file is told by its shape (a `records` field), not by its version alone: a
+/// incarnation's file is told by its shape (a list of `records`), not by its version alone: a
 /// record of a newer format than [`FORMAT`](crate::locks::record::FORMAT) is a record still, left
 /// alone as one.
 fn content(id: RecordId, bytes: Vec<u8>) -> Result<Content, Found> {
     #[derive(Deserialize)]
     struct Shape {
         v: u32,
-        records: Option<Value>,
+        records: Option<Vec<Value>>,
     }
-    match serde_json::from_slice::<Shape>(&bytes) {
+    // As text, as the API's lists are read (one parser of records lists in the binary).
+    let shape = std::str::from_utf8(&bytes)
+        .map_err(|_| ())
+        .and_then(|t| serde_json::from_str::<Shape>(t).map_err(|_| ()));
+    match shape {
         Ok(Shape {
             v,
-            records: Some(_),
-        }) if v > FILE_FORMAT => Err(Found::Future(id, v)),
-        Ok(Shape {
-            records: Some(_), ..
-        }) => match serde_json::from_slice::<IncarnationFile>(&bytes) {
-            Ok(f) if f.v == FILE_FORMAT => Ok(Content::Many(f.records)),
-            Ok(f) => Err(Found::Corrupt(
+            records: Some(records),
+        }) => match v {
+            FILE_FORMAT => Ok(Content::Many(records)),
+            v if v > FILE_FORMAT => Err(Found::Future(id, v)),
+            v => Err(Found::Corrupt(
                 id,
-                format!(
-                    "records of format {} (an incarnation's file is format {FILE_FORMAT})",
-                    f.v
-                ),
-            )),
-            Err(e) => Err(Found::Corrupt(
-                id,
-                format!("not an incarnation's records: {e}"),
+                format!("records of format {v} (an incarnation's file is format {FILE_FORMAT})"),
             )),
         },
         // A file of one record is never larger than MAX_FILE: a larger one is a tfinit's from
@@ -94,6 +89,8 @@ fn content(id: RecordId, bytes: Vec<u8>) -> Result<Content, Found> {
         _ if bytes.len() as u64 > MAX_FILE => {
             Err(Found::LeftAlone(id, Unread::TooLarge(bytes.len() as u64)))
         }
+        // One record, or no record at all (`records` that is not a list included): parsed as
+        // one, it says why not.
         _ => Ok(Content::One(bytes)),
     }
 }

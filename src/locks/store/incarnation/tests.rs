@@ -150,9 +150,13 @@ fn a_damaged_record_in_an_incarnations_file_is_set_aside_alone_by_the_sweep() {
         ))
         .exists());
     assert_eq!(records(&store).len(), 1, "the good one stays");
-    // Negative: a whole file that is no incarnation's file is corrupt as a whole, and a newer
-    // format's is left alone.
-    fs::write(&file, format!("{{\"v\":{FILE_FORMAT},\"records\":7}}")).unwrap();
+    // Negative: a truncated incarnation's file is corrupt as a whole, and a newer format's is
+    // left alone.
+    fs::write(
+        &file,
+        format!("{{\"v\":{FILE_FORMAT},\"records\":[{{\"v\":4,"),
+    )
+    .unwrap();
     assert!(matches!(&store.list()[..], [Found::Corrupt(id, _)] if id.as_file() == Some(&*file)));
     fs::write(
         &file,

@@ -43,6 +43,10 @@ pub enum Guard {
     /// terraform's wording of a free lock in every supported version (lockinfo); off: 1.0.3's
     /// alone, as before issue 23.
     Wordings,
+    /// A heartbeat read the store gave no answer to is no observation (recorder machine `scan`,
+    /// recover/ `read_beat`) and makes a recovery's evidence incomplete (recover/evidence.rs
+    /// `window`); off: it counts as "no heartbeat", as before issue 24.
+    UnansweredRead,
 }
 
 #[cfg(feature = "mutation")]

@@ -23,14 +23,14 @@ mod common;
 mod helper_init;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cgroup::MemoryCgroup;
-use common::{read, wait_for, TempDir};
+use common::{free_port, read, wait_for, TempDir};
 use helper_init::*;
 use tfinit::protocol::{self, ExitNote, Kind};
 
@@ -389,15 +389,6 @@ fn connections_past_the_cap_wait_in_the_listen_queue_and_come_in_as_others_close
     assert!(lines < MAX_LOG_LINES);
     drop(conns);
     init.stop_cleanly();
-}
-
-/// A port nobody listens on now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET /metrics` on `addr` with a raw request: the answer, or None when none came in 5 s.

@@ -107,12 +107,12 @@ fn records_and_heartbeats_live_in_leases_of_the_namespace() {
     let renewed = hb["spec"]["renewTime"].clone();
 
     s.write_heartbeat(&beat(&me, 2)).unwrap();
-    assert_eq!(s.read_heartbeat(&me).map(|h| h.seq), Some(2));
+    assert_eq!(s.read_heartbeat(&me).unwrap().map(|h| h.seq), Some(2));
     let hb = stored(&c, &heartbeat_name(&me)).unwrap();
     assert_ne!(hb["spec"]["renewTime"], renewed, "renewed every beat");
-    assert_eq!(s.heartbeats().len(), 1);
-    assert_eq!(s.heartbeats_named(&me.name).len(), 1);
-    assert!(s.heartbeats_named("provider-terraform").is_empty());
+    assert_eq!(s.heartbeats().unwrap().len(), 1);
+    assert_eq!(s.heartbeats_named(&me.name).unwrap().len(), 1);
+    assert!(s.heartbeats_named("provider-terraform").unwrap().is_empty());
 
     // A record: written, listed, read, rewritten, removed.
     let mut rec = record(&me, "r1");
@@ -135,7 +135,7 @@ fn records_and_heartbeats_live_in_leases_of_the_namespace() {
     let s2 = store(&c, &other);
     s.write(&record(&me, "r2")).unwrap();
     assert_eq!(records(&s2).len(), 1);
-    assert_eq!(s2.read_heartbeat(&me).map(|h| h.seq), Some(2));
+    assert_eq!(s2.read_heartbeat(&me).unwrap().map(|h| h.seq), Some(2));
 }
 
 #[test]
@@ -157,7 +157,11 @@ fn a_conflict_is_read_again_and_the_change_applied_not_dropped() {
     assert_eq!(c.codes(), [409, 200, 200], "update, get, update");
     let hb = stored(&c, &heartbeat_name(&me)).unwrap();
     assert_eq!(hb["metadata"]["labels"]["team"], "infra", "theirs kept");
-    assert_eq!(s.read_heartbeat(&me).unwrap().seq, 2, "ours applied");
+    assert_eq!(
+        s.read_heartbeat(&me).unwrap().unwrap().seq,
+        2,
+        "ours applied"
+    );
 }
 
 #[test]
@@ -208,7 +212,7 @@ fn throttling_and_server_errors_are_waited_out() {
     );
     assert_eq!(c.codes(), [429, 200]);
     assert_eq!(
-        s.heartbeats().len(),
+        s.heartbeats().unwrap().len(),
         1,
         "the list is sent again after two 503s"
     );
@@ -278,6 +282,49 @@ fn an_api_that_does_not_answer_is_a_store_not_answering() {
     );
     c.api.faults(json!({}));
     s.open(TTL).expect("answers again");
+}
+
+#[test]
+fn a_read_the_api_does_not_answer_is_an_error_never_a_missing_heartbeat() {
+    if !have_deps() {
+        return;
+    }
+    let c = Cluster::start("kstore-noanswer");
+    let me = Owner::current("pod-a", None);
+    let s = KubeStore::new(c.client(), &me, TTL).with_budget(RETRY, Duration::from_secs(1));
+    s.write_heartbeat(&beat(&me, 1)).unwrap();
+    s.write(&record(&me, "r1")).unwrap();
+    let gone = Owner::current("pod-gone", None);
+    // Answered: ours is there, another incarnation's is not (no Lease: None, as an answer).
+    assert_eq!(s.read_heartbeat(&me).unwrap().map(|h| h.seq), Some(1));
+    assert_eq!(s.read_heartbeat(&gone).unwrap(), None);
+    // Down, hung, refusing: no answer, never "missing" (an observer would watch "missing,
+    // unchanged" for a TTL and call a live owner dead).
+    for (fault, what) in [
+        (json!({"fail": {"get leases": {"code": 503}}}), "503"),
+        (json!({"stall": ["get leases"]}), "hung"),
+        (json!({"forbid": ["get leases"]}), "403"),
+    ] {
+        c.api.faults(fault);
+        let read = s.read_heartbeat(&me);
+        assert!(read.is_err(), "{what}: {read:?}");
+        assert!(s.read_heartbeat(&gone).is_err(), "{what}");
+        c.api.faults(json!({}));
+    }
+    // A listing with no answer: the heartbeats are an error, the records are unknown (not
+    // none).
+    c.api
+        .faults(json!({"fail": {"list leases": {"code": 500}}}));
+    assert!(s.heartbeats().is_err());
+    assert!(s.heartbeats_named(&me.name).is_err());
+    let found = s.list();
+    assert!(
+        matches!(&found[..], [Found::Unlisted(why)] if why.contains("500")),
+        "{found:?}"
+    );
+    c.api.faults(json!({}));
+    assert_eq!(records(&s).len(), 1);
+    assert_eq!(s.heartbeats().unwrap().len(), 1);
 }
 
 #[test]

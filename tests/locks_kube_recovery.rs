@@ -21,6 +21,7 @@ use common::pods::{
 use common::wait_for;
 use s3_pods::*;
 use serde_json::{json, Value};
+use tfinit::kube::ROLE_RULE;
 
 each_terraform!(a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases);
 
@@ -210,4 +211,134 @@ fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_leas
     );
     assert!(record_leases(&c).is_empty());
     w.assert_state_consistent();
+}
+
+/// A pod whose API server fails every list of Leases from its start (a control-plane upgrade):
+/// `TFINIT_STORE=auto` picks no store yet, and what the Leases hold is unknown, not nothing. A
+/// record of an earlier container of this pod may be there, so no state-locking terraform starts
+/// (75, the controller retries) until the API answers; then the Leases are chosen and the apply
+/// runs with its record. Before issue 24's fix the runs started without records.
+#[test]
+fn a_pod_whose_api_never_answered_refuses_locking_runs_until_it_answers() {
+    if !have_deps() || !kube_cluster::have_deps() {
+        return;
+    }
+    let w = S3World::new("kube-unlisted");
+    let c = Cluster::start("kube-unlisted-api");
+    c.api
+        .faults(json!({"fail": {"list leases": {"code": 503}}}));
+    let out = w.tmp.join("pod-a.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", "0".into()));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            script: apply_until_success(&out, 60),
+            env,
+        },
+    );
+    wait_for(
+        STEP,
+        "pod-a's warning that its store can neither be written nor listed",
+        || {
+            pod_a
+                .log()
+                .contains("can neither be written nor listed")
+                .then_some(())
+        },
+    );
+    // Two attempts refused before terraform started: no lock, no record.
+    wait_for(STEP, "two refused attempts", || {
+        (attempts(&out).len() >= 2).then_some(())
+    });
+    let first = common::read(&out.with_extension("out.1"));
+    assert!(
+        first.contains("terraform was not started") && first.contains("exit code 75"),
+        "{first}"
+    );
+    assert!(attempts(&out).iter().all(|t| !t.ok));
+    assert!(w.held().is_none(), "terraform never took its lock");
+    assert!(w.records().is_empty(), "nothing written to files");
+    // The API answers: the Leases are chosen, and the next attempt runs with a record.
+    c.api.faults(json!({}));
+    let st = pod_a.wait();
+    let log = pod_a.log();
+    assert!(st.success(), "pod-a never succeeded: {log}");
+    assert!(
+        log.contains("lock-owner records go to the Kubernetes API"),
+        "{log}"
+    );
+    assert!(attempts(&out).last().unwrap().ok);
+    assert!(!log.contains("starts without a lock-owner record"), "{log}");
+    w.assert_state_consistent();
+}
+
+/// The service account's rights on Leases are removed while a pod's apply runs: every heartbeat
+/// is refused (403). One error says so with the Role rule to restore, each refusal is counted in
+/// `tfinit_heartbeat_write_failures_total{reason="denied"}`, and the fence stops the apply
+/// gracefully (terraform releases its own lock) before another pod could take the pod for dead.
+#[test]
+fn rights_removed_while_a_pod_runs_are_one_error_a_metric_and_the_fence() {
+    if !have_deps() || !kube_cluster::have_deps() || !common::have_curl() {
+        return;
+    }
+    let w = S3World::new("kube-403");
+    let c = Cluster::start("kube-403-api");
+    let port = common::free_port();
+    let out = w.tmp.join("pod-a.out");
+    let mut env = in_cluster(&c);
+    env.push(("TF_VAR_sleep", (10 * TTL.as_secs()).to_string()));
+    env.push(("TFINIT_METRICS_ADDR", format!("127.0.0.1:{port}")));
+    let mut pod_a = Pod::start(
+        &w,
+        PodSpec {
+            name: "pod-a",
+            uid: None,
+            // The controller lives on after the apply, so the refusals go on.
+            script: format!("{}; sleep 30", apply_once(&out, "")),
+            env,
+        },
+    );
+    wait_for(STEP, "pod-a's record Lease", || record_leases(&c).pop());
+    wait_for(STEP, "pod-a's lock", || w.held());
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let denied = "tfinit_heartbeat_write_failures_total{reason=\"denied\"}";
+    let (_, before) = wait_for(STEP, "the metrics", || common::curl(&url));
+    assert_eq!(common::metric(&before, denied), Some(0.0), "{before}");
+
+    c.api
+        .faults(json!({"forbid": ["update leases", "create leases"]}));
+    let fenced = wait_for(STEP, "the fence's graceful stop", || {
+        let log = pod_a.log();
+        log.contains("the heartbeat has not landed").then_some(log)
+    });
+    // terraform got its one SIGTERM, saved its state and released its own lock.
+    wait_for(STEP, "the apply's end", || {
+        common::read(&out).contains("done").then_some(())
+    });
+    assert!(w.held().is_none(), "terraform released its lock: {fenced}");
+    let applied = common::read(&out.with_extension("out.1"));
+    assert!(
+        applied.contains("Interrupt received"),
+        "the apply was stopped gracefully: {applied}"
+    );
+    // Tried again every TTL/3: each refusal counted, the error said once.
+    wait_for(STEP, "three refused heartbeats counted", || {
+        let (_, text) = common::curl(&url)?;
+        (common::metric(&text, denied)? >= 3.0).then_some(())
+    });
+    let log = pod_a.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("heartbeat could not be written"))
+        .collect();
+    assert_eq!(said.len(), 1, "one error, not one per heartbeat: {log}");
+    assert!(
+        said[0].contains("denied") && said[0].contains(ROLE_RULE),
+        "{}",
+        said[0]
+    );
+    pod_a.kill();
 }

@@ -15,40 +15,7 @@ use std::process::Command;
 use nix::sys::signal::Signal;
 
 use common::shim::*;
-use common::wait_for;
-
-/// A port nobody listens on now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `curl URL`: the body, or None when nothing answers (yet).
-fn curl(url: &str) -> Option<(String, String)> {
-    let o = Command::new("curl")
-        .args(["-sS", "--max-time", "5", "-D", "-", url])
-        .output()
-        .expect("curl");
-    if !o.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.to_string(), body.to_string()))
-}
-
-/// The value of series `series` (`name{labels}`) in metrics text.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn have_curl() -> bool {
-    Command::new("curl").arg("--version").output().is_ok()
-}
+use common::{curl, free_port, have_curl, metric as value, wait_for};
 
 #[test]
 fn metrics_are_scraped_over_http_and_each_counter_moves_with_its_scenario() {
@@ -81,6 +48,14 @@ fn metrics_are_scraped_over_http_and_each_counter_moves_with_its_scenario() {
     let refused = "tfinit_runs_total{subcommand=\"apply\",outcome=\"refused\"}";
     for s in [ok, failed, refused] {
         assert_eq!(value(&before, s), None, "made at first use: {s}: {before}");
+    }
+    for reason in ["denied", "missing", "unanswered", "other"] {
+        let s = format!("tfinit_heartbeat_write_failures_total{{reason=\"{reason}\"}}");
+        assert_eq!(
+            value(&before, &s),
+            Some(0.0),
+            "made up front: {s}: {before}"
+        );
     }
     let reaped_before = value(&before, "tfinit_zombies_reaped_total").unwrap();
 

@@ -197,7 +197,7 @@ const FOCI: [(Focus, &str); 11] = [
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).
-const GUARDS: [(Guard, &str); 12] = [
+const GUARDS: [(Guard, &str); 13] = [
     (Guard::Watch, "watch"),
     (Guard::Fence, "fence"),
     (Guard::FreshHeartbeat, "fresh-heartbeat"),
@@ -210,6 +210,7 @@ const GUARDS: [(Guard, &str); 12] = [
     (Guard::OwnersTtl, "owners-ttl"),
     (Guard::LiveRuns, "live-runs"),
     (Guard::Wordings, "wordings"),
+    (Guard::UnansweredRead, "unanswered-read"),
 ];
 
 /// Today's rules, every knob at random, within the design's assumptions.

@@ -428,7 +428,7 @@ fn a_heartbeat_that_does_not_land_stops_the_recorded_runs_before_another_pod_may
         0,
         "the shim's caller sees terraform's own exit code"
     );
-    let fenced = pod.logged("the heartbeat has not landed in TFINIT_STATE_DIR");
+    let fenced = pod.logged("the heartbeat has not landed in the lock-owner record store");
     assert!(!fenced.is_empty(), "{}", pod.init.log_tail());
     // No state-locking run starts while the fence is up, recorded or not: its lock would carry
     // this owner's Who, which other pods may soon release. A run that takes no lock does.

@@ -137,6 +137,14 @@ fn auto_without_an_answer_is_a_store_that_has_not_answered_yet() {
     let e = s.write_heartbeat(&beat(&me)).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotConnected, "{e}");
     assert!(!dir.join("owners").exists(), "no fallback to the files");
+    // What it holds is unknown, not nothing: a listing and a read are no answers.
+    let found = s.list();
+    assert!(
+        matches!(&found[..], [Found::Unlisted(why)] if why.contains("has not answered yet")),
+        "{found:?}"
+    );
+    assert!(s.read_heartbeat(&me).is_err());
+    assert!(s.heartbeats().is_err());
     c.api.faults(json!({}));
     s.open(TTL).expect("the API answers now");
     s.write_heartbeat(&beat(&me)).unwrap();

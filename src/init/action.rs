@@ -199,9 +199,9 @@ impl Refusal {
         match self {
             Refusal::Draining => "the init is draining (tfinit drain; `tfinit resume` accepts runs again)",
             Refusal::ShuttingDown => "the init is shutting down (the container is stopping)",
-            Refusal::Fenced => "the init is unable to keep this owner's heartbeat on the state volume (its state-locking runs are being stopped)",
-            Refusal::Unseen => "the init is waiting for the state volume (TFINIT_STATE_DIR), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
-            Refusal::Shadowed => "the init is unable to write to the state volume (TFINIT_STATE_DIR), which holds a lock-owner record of an earlier run with this pod's Who (another pod's recovery of it could release this run's lock, in any directory that locks the same state; see the init's log)",
+            Refusal::Fenced => "the init is unable to keep this owner's heartbeat in the lock-owner record store (its state-locking runs are being stopped)",
+            Refusal::Unseen => "the init is waiting for the lock-owner record store (the volume at TFINIT_STATE_DIR, or the Kubernetes API), which has not answered since the init started: a state-locking run starts only once this pod's heartbeat is on it (until then another pod could take a lock of this pod's for a dead earlier run's, with the same Who, and release it; see the init's log)",
+            Refusal::Shadowed => "the init is unable to write to the lock-owner record store, which holds a lock-owner record of an earlier run with this pod's Who or cannot list its records (another pod's recovery of such a record could release this run's lock, in any directory that locks the same state; see the init's log)",
             Refusal::Cancelled => "the run was cancelled (tfinit cancel) before terraform started",
         }
     }

@@ -420,6 +420,8 @@ mod tests {
             beats: vec![],
             gone: vec![],
             held: Vec::new(),
+            unlisted: None,
+            unread: Vec::new(),
         };
         let opened = Completion::Opened {
             result: Ok(()),

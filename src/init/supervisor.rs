@@ -164,6 +164,7 @@ impl Init {
         let view = self.records.book().view(now);
         self.metrics.set_store_state(view.state);
         self.metrics.set_needing_person(view.needing_person as i64);
+        self.metrics.set_heartbeat_failures(view.heartbeat_failures);
         if let Some(beat) = view.heartbeat_age.and_then(|age| now.checked_sub(age)) {
             self.metrics.set_heartbeat(beat);
         }

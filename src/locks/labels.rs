@@ -178,3 +178,56 @@ impl StoreStatus {
         }
     }
 }
+
+/// Why a write to the lock-owner record store failed, as
+/// `tfinit_heartbeat_write_failures_total{reason}` counts the heartbeats that did not land: the
+/// kind of the store's error (`io::ErrorKind`, which both stores set; the Kubernetes store's
+/// answers map onto it in store/kube/io_error.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreFault {
+    /// Refused: 401 or 403 (the service account's rights on Leases), EACCES.
+    Denied,
+    /// What it writes to is gone: the namespace (404), the directory.
+    Missing,
+    /// No answer in time: a timeout, a refused or lost connection, throttling that outlasted the
+    /// retries.
+    Unanswered,
+    /// Anything else: the store's own error (no space, an I/O error, a 5xx).
+    Other,
+}
+
+impl StoreFault {
+    /// Every reason.
+    pub const ALL: [StoreFault; 4] = [
+        StoreFault::Denied,
+        StoreFault::Missing,
+        StoreFault::Unanswered,
+        StoreFault::Other,
+    ];
+
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreFault::Denied => "denied",
+            StoreFault::Missing => "missing",
+            StoreFault::Unanswered => "unanswered",
+            StoreFault::Other => "other",
+        }
+    }
+
+    /// The reason of an error of this kind.
+    pub fn of(kind: std::io::ErrorKind) -> StoreFault {
+        use std::io::ErrorKind;
+        match kind {
+            ErrorKind::PermissionDenied => StoreFault::Denied,
+            ErrorKind::NotFound => StoreFault::Missing,
+            ErrorKind::TimedOut
+            | ErrorKind::ConnectionRefused
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionReset
+            | ErrorKind::NotConnected
+            | ErrorKind::WouldBlock => StoreFault::Unanswered,
+            _ => StoreFault::Other,
+        }
+    }
+}

@@ -329,6 +329,10 @@ pub enum Found {
     Unreadable(RecordId, String),
     /// Not read, and left where it is: it may be a live owner's, or moving it could hurt.
     LeftAlone(RecordId, Unread),
+    /// The listing itself got no answer (the records directory could not be read, the API did
+    /// not answer or refused): which records there are is unknown, not "none". The text says
+    /// why.
+    Unlisted(String),
 }
 
 /// Why a file in `records/` was left alone unread.

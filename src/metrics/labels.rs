@@ -4,7 +4,7 @@
 use nix::sys::signal::Signal;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
-use crate::locks::labels::{Backend, StoreStatus, UnlockOutcome};
+use crate::locks::labels::{Backend, StoreFault, StoreStatus, UnlockOutcome};
 use crate::phase::Phase;
 use crate::sys::SigNo;
 
@@ -30,6 +30,7 @@ label_value!(
     UnlockOutcome => label,
     Backend => label,
     StoreStatus => label,
+    StoreFault => label,
     Phase => as_str,
 );
 
@@ -273,6 +274,11 @@ pub(super) struct UnlockLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct NameLabels {
     pub(super) state: StoreStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct FaultLabels {
+    pub(super) reason: StoreFault,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -21,15 +21,16 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::locks::labels::{Backend, StoreStatus, UnlockOutcome};
+use crate::locks::labels::{Backend, StoreFault, StoreStatus, UnlockOutcome};
 use crate::phase::Phase;
 use crate::sys::SigNo;
 
 mod labels;
 
 use labels::{
-    signal_label, BackendLabels, CancelLabels, DroppedLabels, NameLabels, PauseLabels, PhaseLabels,
-    RunLabels, SignalLabels, StateLabels, SubcommandLabels, UnlockLabels, VersionLabels,
+    signal_label, BackendLabels, CancelLabels, DroppedLabels, FaultLabels, NameLabels, PauseLabels,
+    PhaseLabels, RunLabels, SignalLabels, StateLabels, SubcommandLabels, UnlockLabels,
+    VersionLabels,
 };
 pub use labels::{
     subcommand_label, Cancel, Dropped, Listener, Pause, RunCounts, RunOutcome, RunStage,
@@ -57,6 +58,8 @@ pub struct Metrics {
     dropped: Family<DroppedLabels, Counter>,
     control_connections: Gauge,
     heartbeat: Arc<HeartbeatAge>,
+    /// `tfinit_heartbeat_write_failures_total`'s series, by [`StoreFault::ALL`]'s order.
+    heartbeat_failures: [Counter; StoreFault::ALL.len()],
     /// `tfinit_runs`, `tfinit_records_store_state` and `tfinit_shutdown_phase` (registered,
     /// reached through these handles only), and handles on the signals' series: what the loop
     /// records on every wake-up or signal is then an atomic store, without hashing a label set
@@ -142,6 +145,17 @@ impl Metrics {
             signals: [const { OnceLock::new() }; SIGNALS],
         };
         hot.set_phase(Phase::Running);
+        let heartbeat_failures_family = Family::<FaultLabels, Counter>::default();
+        let heartbeat_failures = StoreFault::ALL.map(|reason| {
+            heartbeat_failures_family
+                .get_or_create(&FaultLabels { reason })
+                .clone()
+        });
+        registry.register(
+            "heartbeat_write_failures",
+            "Heartbeat writes of this owner that failed, by reason (denied: the store refused, e.g. the service account lost its rights on Leases; missing: the namespace or directory is gone; unanswered; other)",
+            heartbeat_failures_family,
+        );
         for how in [Cancel::Graceful, Cancel::Force] {
             let _ = cancels.get_or_create(&CancelLabels { how });
         }
@@ -243,6 +257,7 @@ impl Metrics {
             dropped,
             control_connections,
             heartbeat,
+            heartbeat_failures,
             hot,
         }
     }
@@ -318,6 +333,17 @@ impl Metrics {
     pub fn set_store_state(&self, state: StoreStatus) {
         for (s, gauge) in StoreStatus::ALL.into_iter().zip(&self.hot.store_state) {
             gauge.set(i64::from(s == state));
+        }
+    }
+
+    /// Heartbeat writes that failed since the start, by [`StoreFault::ALL`]'s order (the
+    /// book's totals: each series is brought up to its total).
+    pub fn set_heartbeat_failures(&self, totals: [u64; StoreFault::ALL.len()]) {
+        for (counter, total) in self.heartbeat_failures.iter().zip(totals) {
+            let now = counter.get();
+            if total > now {
+                counter.inc_by(total - now);
+            }
         }
     }
 

@@ -324,6 +324,40 @@ impl Drop for TempDir {
     }
 }
 
+/// A port nobody listens on now (the kernel's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether curl(1) is there (a test dependency: scripts/install-test-deps.sh).
+pub fn have_curl() -> bool {
+    Command::new("curl").arg("--version").output().is_ok()
+}
+
+/// `curl URL`: the response's head and body, or None when nothing answers (yet).
+pub fn curl(url: &str) -> Option<(String, String)> {
+    let o = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "-D", "-", url])
+        .output()
+        .expect("curl");
+    if !o.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.to_string(), body.to_string()))
+}
+
+/// The value of series `series` (`name{labels}`) in metrics text.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// Polls `f` every 10 ms until it returns Some or `timeout` passes (then panics with `what`).
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;

@@ -377,6 +377,8 @@ async fn window(
         not_before_ms: rec.started_ms.saturating_sub(skew),
         not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), judged_by).saturating_add(skew),
         live_same_who: twin.or(on_host).or(live),
+        // The simulated volume answers every read.
+        unread: None,
     }
 }
 
@@ -514,6 +516,7 @@ async fn legacy_one(sim: &Sim, c: &Ctx, id: u64, rec: &Rc<Record>, all: &[(u64, 
         not_before_ms: rec.started_ms.saturating_sub(skew),
         not_after_ms: not_after.saturating_add(skew),
         live_same_who: twin.or(live),
+        unread: None,
     };
     match decide(rec, &info, &window) {
         Decision::NotOurs(_) => remove(sim, c, id).await,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tfinit::locks::record::{FileId, Owner};
 use tfinit::locks::record_id::RecordId;
-use tfinit::locks::recorder::machine::{Held, Machine, Next, Now, Op, Out, Outcome};
-use tfinit::locks::recorder::{Beat, Entry};
+use tfinit::locks::recorder::machine::{HeartbeatRead, Held, Machine, Next, Now, Op, Out, Outcome};
+use tfinit::locks::recorder::Entry;
 use tfinit::locks::store::{kernel_proof_with, Change};
 
 use super::exec::{list, Sim, WaitFor};
@@ -157,12 +157,13 @@ async fn perform(
         Op::Tidy { .. } => Outcome::Tidied,
         Op::List => {
             let found = list(sim, node).await;
-            Outcome::Listed(
-                found
+            Outcome::Listed {
+                records: found
                     .into_iter()
                     .map(|(id, rec)| Entry::of(record_path(id), &rec))
                     .collect(),
-            )
+                unlisted: None,
+            }
         }
         Op::ReadHeartbeats { owners, name } => {
             // One read of each heartbeat, one after the other, then one of every heartbeat of
@@ -187,13 +188,15 @@ async fn perform(
                         let proof = kernel_proof_with(me, &owner, heartbeat.as_ref(), |file| {
                             w.incarnation_gone_at(node, &owner, file, done)
                         });
-                        let beat = Beat {
+                        // The simulated volume answers every read (its faults hang or fail
+                        // writes).
+                        HeartbeatRead {
                             owner,
-                            heartbeat,
+                            answer: Ok(heartbeat),
                             started: n.mono(start),
                             done: n.mono(done),
-                        };
-                        (beat, proof)
+                            proof,
+                        }
                     })
                     .collect();
                 // `name/incarnation` keys: those of one name are one range.
@@ -206,10 +209,10 @@ async fn perform(
                     .filter_map(|(k, _)| w.store.beat_at(k, at))
                     .filter(|b| b.hb.v == 2 && b.hb.owner.name == name)
                     .map(|b| (*b.hb).clone())
-                    .collect();
+                    .collect::<Vec<_>>();
                 Outcome::Heartbeats {
                     each,
-                    named,
+                    named: Ok(named),
                     named_started: n.mono(start),
                     named_done: n.mono(done),
                 }

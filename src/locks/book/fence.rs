@@ -4,8 +4,10 @@
 use std::time::{Duration, Instant};
 
 use super::{Book, Event, Notice, StoreState};
+use crate::locks::labels::StoreFault;
 use crate::locks::liveness::Fence;
 use crate::locks::names::RunId;
+use crate::locks::recorder::WriteError;
 use crate::mutation::{self, Guard};
 
 /// How far this owner has gone in stopping its recorded runs for want of a heartbeat.
@@ -35,7 +37,30 @@ impl Book {
                 dir: self.dir.clone(),
             }));
         }
+        self.heartbeat_fault = None;
         self.answered(ev);
+    }
+
+    /// A heartbeat write failed: counted by kind, and said once per kind until one lands (the
+    /// store's own error says what to do: a 403's names the Role rule). Nothing else changes:
+    /// the heartbeat's age still counts from the last one that landed, and the fence acts on it.
+    pub(super) fn beat_failed(&mut self, error: WriteError, ev: &mut Vec<Event>) {
+        let WriteError::Volume(fault, error) = error else {
+            // Not opened: the opening's own warning said so.
+            return;
+        };
+        if let Some(i) = StoreFault::ALL.iter().position(|f| *f == fault) {
+            self.heartbeat_failures[i] += 1;
+        }
+        if self.heartbeat_fault != Some(fault) {
+            self.heartbeat_fault = Some(fault);
+            ev.push(Event::Log(Notice::HeartbeatFailed {
+                dir: self.dir.clone(),
+                fault,
+                error,
+                ttl: self.ttl,
+            }));
+        }
     }
 
     /// The fence's next step at `now`, if one is due: recorded runs are stopped before any
@@ -149,16 +174,75 @@ mod tests {
             begin(&mut b, RunId::from(3), late),
             Start::Record { .. }
         ));
-        // A failed heartbeat changes nothing by itself.
+        // A failed heartbeat changes nothing by itself but its one line.
         let ev = b.on_completion(
             Completion::Heartbeat {
-                result: Err(WriteError::Volume("EIO".into())),
+                result: Err(WriteError::Volume(StoreFault::Other, "EIO".into())),
                 stamped: late,
                 wall_ms: T0,
             },
             late,
         );
-        assert!(ev.is_empty());
+        assert_eq!(logs(&ev).len(), 1, "{ev:?}");
+        assert_eq!(b.view(late).state, StoreStatus::Open);
+        assert!(matches!(
+            begin(&mut b, RunId::from(4), late),
+            Start::Record { .. }
+        ));
+    }
+
+    #[test]
+    fn failed_heartbeats_are_counted_by_kind_and_each_kind_said_once_until_one_lands() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        let failed = |fault, text: &str| Completion::Heartbeat {
+            result: Err(WriteError::Volume(fault, text.into())),
+            stamped: t,
+            wall_ms: T0,
+        };
+        let rule = "apiGroups: coordination.k8s.io, resources: leases";
+        let forbidden =
+            format!("403 Forbidden: the service account may not update Leases ({rule})");
+        let ev = b.on_completion(failed(StoreFault::Denied, &forbidden), t);
+        let said = logs(&ev);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains(rule) && said[0].contains("denied"),
+            "{said:?}"
+        );
+        assert!(said[0].contains("20s after the last heartbeat"), "{said:?}");
+        assert!(matches!(&ev[0], Event::Log(n) if n.level() == tracing::Level::ERROR));
+        // The next ones of the same kind: counted, not said.
+        for _ in 0..3 {
+            let ev = b.on_completion(failed(StoreFault::Denied, &forbidden), t);
+            assert!(logs(&ev).is_empty());
+        }
+        // Another kind is news.
+        let ev = b.on_completion(failed(StoreFault::Unanswered, "timed out"), t);
+        assert_eq!(logs(&ev).len(), 1);
+        assert_eq!(b.view(t).heartbeat_failures, [4, 0, 1, 0]);
+        // Not open: the opening said it; nothing counted.
+        b.on_completion(
+            Completion::Heartbeat {
+                result: Err(WriteError::NotOpen),
+                stamped: t,
+                wall_ms: T0,
+            },
+            t,
+        );
+        assert_eq!(b.view(t).heartbeat_failures, [4, 0, 1, 0]);
+        // One lands: the same kind later is said again.
+        b.on_completion(
+            Completion::Heartbeat {
+                result: Ok(()),
+                stamped: t,
+                wall_ms: T0,
+            },
+            t,
+        );
+        let ev = b.on_completion(failed(StoreFault::Unanswered, "timed out"), t);
+        assert_eq!(logs(&ev).len(), 1);
+        assert_eq!(b.view(t).heartbeat_failures, [4, 0, 2, 0]);
     }
 
     #[test]
@@ -170,7 +254,7 @@ mod tests {
         b.on_completion(
             Completion::Created {
                 run: RunId::from(2),
-                result: Err(WriteError::Volume("x".into())),
+                result: Err(WriteError::Volume(StoreFault::Other, "x".into())),
             },
             t,
         );

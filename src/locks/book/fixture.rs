@@ -60,6 +60,8 @@ pub(super) fn table(at: Instant, records: Vec<Entry>, heartbeats: Vec<Heartbeat>
             .collect(),
         gone: Vec::new(),
         held: Vec::new(),
+        unlisted: None,
+        unread: Vec::new(),
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::labels::StoreStatus;
+use super::labels::{StoreFault, StoreStatus};
 use super::liveness::{Fence, Observer};
 use super::names::RunId;
 use super::record::Owner;
@@ -83,6 +83,8 @@ pub struct View {
     pub heartbeat_age: Option<Duration>,
     /// Records whose lock a recovery found it cannot release: a person must.
     pub needing_person: usize,
+    /// Heartbeat writes that failed since the init started, by [`StoreFault::ALL`]'s order.
+    pub heartbeat_failures: [u64; StoreFault::ALL.len()],
 }
 
 /// What the loop knows about records.
@@ -121,6 +123,10 @@ pub struct Book {
     /// While the store cannot be written: where records of this host's `Who` keep state-locking
     /// runs from starting ([`Book::may_launch`]).
     shadowed: Vec<PathBuf>,
+    /// Heartbeat writes that failed, by [`StoreFault::ALL`]'s order, and the kind of failure
+    /// last reported (until a heartbeat lands): each kind is said once, not every TTL/3.
+    heartbeat_failures: [u64; StoreFault::ALL.len()],
+    heartbeat_fault: Option<StoreFault>,
     runs: HashMap<RunId, RecordedRun>,
     closing: HashMap<RunId, Closing>,
 }
@@ -132,8 +138,9 @@ pub enum Launch {
     Yes,
     /// Not while this owner's heartbeat does not land (the fence is up).
     Fenced,
-    /// Not while the store cannot be written and a record with this pod's `Who` is on it (in
-    /// any working directory: another may lock the same state).
+    /// Not while the store cannot be written and a record with this pod's `Who` is on it, or
+    /// its records cannot be listed (in any working directory: another may lock the same
+    /// state).
     Shadowed,
     /// Not before a heartbeat of this incarnation is on the volume, while the store has not
     /// opened (it hangs, or it did not answer in time): other pods cannot know it is alive, nor
@@ -175,6 +182,8 @@ impl Book {
             shared_reported: false,
             fence: FenceStage::Clear,
             shadowed: Vec::new(),
+            heartbeat_failures: [0; StoreFault::ALL.len()],
+            heartbeat_fault: None,
             runs: HashMap::new(),
             closing: HashMap::new(),
         }
@@ -208,7 +217,9 @@ impl Book {
                 ..
             } => self.beat_landed(stamped, now, &mut ev),
             // The next heartbeat's age still counts from the last one that landed.
-            Completion::Heartbeat { result: Err(_), .. } => {}
+            Completion::Heartbeat {
+                result: Err(error), ..
+            } => self.beat_failed(error, &mut ev),
             Completion::Created { run, result } => self.created(run, result, &mut ev),
             Completion::Written { run, result } => match result {
                 Ok(()) => self.answered(&mut ev),
@@ -297,7 +308,8 @@ impl Book {
         if self.state == StoreState::Failed {
             // In every directory, not only those of the records: a directory's path does not say
             // which state its runs lock (a symbolic link, a backend naming the same key).
-            if !self.shadowed.is_empty() && mutation::on(Guard::Shadowed) {
+            let unseen = !self.shadowed.is_empty() || self.unlisted().is_some();
+            if unseen && mutation::on(Guard::Shadowed) {
                 return Launch::Shadowed;
             }
         } else if self.heartbeat_ok.is_none() && mutation::on(Guard::Unseen) {
@@ -343,6 +355,7 @@ impl Book {
             state,
             heartbeat_age: self.heartbeat_age(now),
             needing_person: self.needing_person,
+            heartbeat_failures: self.heartbeat_failures,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::duration::fmt_duration;
+use crate::locks::labels::StoreFault;
 use crate::locks::names::RunId;
 use crate::locks::recorder::WriteError;
 
@@ -40,6 +41,25 @@ pub enum Notice {
         dir: String,
         /// The working directories.
         workdirs: Vec<PathBuf>,
+    },
+    /// The store cannot be written, and its records cannot be listed either: state-locking
+    /// runs are refused meanwhile.
+    Unlisted {
+        /// The store's location.
+        dir: String,
+        /// Why the listing got no answer.
+        error: String,
+    },
+    /// A heartbeat write failed, of a kind not said since the last one that landed.
+    HeartbeatFailed {
+        /// The store's location.
+        dir: String,
+        /// The kind of failure.
+        fault: StoreFault,
+        /// The store's error (a 403's names the Role rule).
+        error: String,
+        /// TFINIT_OWNER_TTL: the fence's times follow from it.
+        ttl: Duration,
     },
     /// A run's record did not land in time: it starts without one.
     RecordTimeout {
@@ -144,7 +164,9 @@ impl Notice {
             | Notice::DeadRecords { .. }
             | Notice::AnswersAgain { .. }
             | Notice::HeartbeatAgain { .. } => Level::INFO,
-            Notice::HeartbeatStale { .. } | Notice::Fenced { .. } => Level::ERROR,
+            Notice::HeartbeatStale { .. }
+            | Notice::Fenced { .. }
+            | Notice::HeartbeatFailed { .. } => Level::ERROR,
             _ => Level::WARN,
         }
     }
@@ -169,14 +191,38 @@ impl Notice {
             Notice::Shadowed { dir, workdirs } => {
                 let dirs = list(workdirs.iter().map(|d| d.display()));
                 format!(
-                    "TFINIT_STATE_DIR ({dir}) cannot be written but holds lock-owner records of earlier runs with this pod's \
-                     hostname in their lock's Who, in {dirs}: state-locking runs are refused (exit code 75), in every \
-                     directory (another may lock the same state), until the volume takes writes again or those records \
-                     are gone, because another pod recovering such a record could release a lock of this pod's, which \
-                     carries the same Who, while this pod cannot say it is alive. Fix the volume (space, permissions, the \
-                     NFS server)"
+                    "the lock-owner record store ({dir}) cannot be written but holds lock-owner records of earlier runs with \
+                     this pod's hostname in their lock's Who, in {dirs}: state-locking runs are refused (exit code 75), in \
+                     every directory (another may lock the same state), until the store takes writes again or those \
+                     records are gone, because another pod recovering such a record could release a lock of this pod's, \
+                     which carries the same Who, while this pod cannot say it is alive. Fix the store (the volume at \
+                     TFINIT_STATE_DIR: space, permissions, the NFS server; or the Kubernetes API and the service \
+                     account's rights on Leases)"
                 )
             }
+            Notice::Unlisted { dir, error } => format!(
+                "the lock-owner record store ({dir}) can neither be written nor listed ({error}): it may hold a record of an \
+                 earlier run with this pod's hostname in its lock's Who, so state-locking runs are refused (exit code 75), \
+                 in every directory, until the store answers, because another pod recovering such a record could release a \
+                 lock of this pod's, which carries the same Who, while this pod cannot say it is alive. Check the store \
+                 (the volume at TFINIT_STATE_DIR, or the Kubernetes API and the service account's rights on Leases)"
+            ),
+            Notice::HeartbeatFailed {
+                dir,
+                fault,
+                error,
+                ttl,
+            } => format!(
+                "this owner's heartbeat could not be written to the lock-owner record store ({dir}; {}): {error}. Until \
+                 one lands, other pods cannot tell this pod is alive: its state-locking runs get their graceful stop {} \
+                 after the last heartbeat that landed and are killed at {} (the fence), and new ones are refused. \
+                 Counted in tfinit_heartbeat_write_failures_total{{reason=\"{}\"}}; said again only for another kind \
+                 of failure",
+                fault.label(),
+                fmt_duration(*ttl * 2 / 3),
+                fmt_duration(*ttl * 9 / 10),
+                fault.label()
+            ),
             Notice::RecordTimeout { run, dir, timeout } => format!(
                 "run {run}: the state volume did not answer within TFINIT_RECORD_TIMEOUT ({}): terraform starts without a \
                  lock-owner record, so a state lock this run leaves behind will not be released automatically. \
@@ -193,9 +239,10 @@ impl Notice {
                 "the state volume answers again ({dir}): state-locking runs get lock-owner records again"
             ),
             Notice::HeartbeatStale { dir, age, ttl } => format!(
-                "this owner's heartbeat has not been written for {} in TFINIT_STATE_DIR ({dir}): other pods may take \
-                 this owner for dead after TFINIT_OWNER_TTL ({}) and release the state locks its records name. New \
-                 state-locking runs start without a record until it is written again; check the volume",
+                "this owner's heartbeat has not been written for {} in the lock-owner record store ({dir}): other pods may \
+                 take this owner for dead after TFINIT_OWNER_TTL ({}) and release the state locks its records name. \
+                 New state-locking runs start without a record until it is written again; check the store (the \
+                 volume, or the Kubernetes API and the service account's rights on Leases)",
                 secs(age),
                 fmt_duration(*ttl)
             ),
@@ -204,7 +251,7 @@ impl Notice {
                  can trust protects nothing)"
             ),
             Notice::HeartbeatAgain { dir } => format!(
-                "heartbeat written again in TFINIT_STATE_DIR ({dir}): state-locking runs get lock-owner records again"
+                "heartbeat written again in the lock-owner record store ({dir}): state-locking runs get lock-owner records again"
             ),
             Notice::CreateFailed { run, dir, error } => format!(
                 "run {run}: cannot write the lock-owner record; this run's lock will not be recoverable automatically. \
@@ -226,9 +273,10 @@ impl Notice {
                  each pod its own TFINIT_OWNER (the default, the hostname, is unique per pod unless hostNetwork is set)"
             ),
             Notice::Fenced { runs, kill, age, ttl } => format!(
-                "the heartbeat has not landed in TFINIT_STATE_DIR for {} (TFINIT_OWNER_TTL {}): other pods may take this \
+                "the heartbeat has not landed in the lock-owner record store for {} (TFINIT_OWNER_TTL {}): other pods may take this \
                  owner for dead and release the locks that carry its Who, so its state-locking runs (recorded or not) {}: {}. New state-locking \
-                 runs are refused until a heartbeat lands; check the volume, or raise TFINIT_OWNER_TTL if it stalls this long",
+                 runs are refused until a heartbeat lands; check the store (the volume, or the Kubernetes API and the service \
+                 account's rights on Leases), or raise TFINIT_OWNER_TTL if it stalls this long",
                 secs(age),
                 fmt_duration(*ttl),
                 if *kill { "are SIGKILLed now" } else { "are asked to stop gracefully (one SIGTERM)" },

@@ -412,7 +412,10 @@ mod tests {
         let ev = b.on_completion(
             Completion::Created {
                 run: RunId::from(1),
-                result: Err(WriteError::Volume("no space left".into())),
+                result: Err(WriteError::Volume(
+                    StoreFault::Other,
+                    "no space left".into(),
+                )),
             },
             t,
         );

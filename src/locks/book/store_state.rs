@@ -89,7 +89,14 @@ impl Book {
         ev: &mut Vec<Event>,
     ) {
         self.passwd_user = passwd_user;
+        let was_unlisted = self.unlisted().is_some();
         self.set_table(table);
+        if let Some(why) = self.unlisted().filter(|_| !was_unlisted) {
+            ev.push(Event::Log(Notice::Unlisted {
+                dir: self.dir.clone(),
+                error: why.to_string(),
+            }));
+        }
         let shadowed = self.shadowed_dirs();
         if shadowed != self.shadowed {
             if !shadowed.is_empty() {
@@ -144,6 +151,14 @@ impl Book {
         }
         dirs.sort();
         dirs
+    }
+
+    /// Why the last table's listing got no answer: while the store also cannot be written, a
+    /// record with this pod's `Who` may be on it unseen, so state-locking runs are refused as in
+    /// a shadowed directory, in every directory ([`Book::may_launch`]). Found by the
+    /// simulation with the Lease store (an API that did not answer at start listed nothing).
+    pub(super) fn unlisted(&self) -> Option<&str> {
+        self.table.as_ref().and_then(|t| t.unlisted.as_deref())
     }
 
     /// A write succeeded: the volume answers.
@@ -228,6 +243,51 @@ mod tests {
             Launch::Yes,
             "an open store records and fences"
         );
+    }
+
+    #[test]
+    fn a_store_that_can_neither_be_written_nor_listed_refuses_locking_runs_until_it_lists() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let unlisted = |why: Option<&str>| {
+            let mut tb = table(t, vec![], vec![]);
+            tb.unlisted = why.map(str::to_string);
+            Completion::Opened {
+                result: Err("the Kubernetes API has not answered yet".into()),
+                table: Some(tb),
+                passwd_user: None,
+                beat: None,
+                lock: None,
+            }
+        };
+        let ev = b.on_completion(unlisted(Some("connection refused")), t);
+        let said = logs(&ev);
+        assert!(
+            said.iter()
+                .any(|l| l.contains("can neither be written nor listed")
+                    && l.contains("connection refused")),
+            "{said:?}"
+        );
+        let x = RunId::from(1);
+        begin(&mut b, x, t);
+        assert_eq!(
+            b.may_launch(x),
+            Launch::Shadowed,
+            "what the store holds is unknown"
+        );
+        // The retry fails the same way: said once.
+        assert_eq!(
+            logs(&b.on_completion(unlisted(Some("connection refused")), t)),
+            Vec::<String>::new()
+        );
+        assert_eq!(b.may_launch(x), Launch::Shadowed);
+        // It lists (nothing), still not writable: no record with this pod's Who, runs start.
+        b.on_completion(unlisted(None), t);
+        assert_eq!(b.may_launch(x), Launch::Yes);
+        // With the guard off, the old rule: an unlisted store shadows nothing.
+        b.on_completion(unlisted(Some("connection refused")), t);
+        let _off = crate::mutation::disable(crate::mutation::Guard::Shadowed);
+        assert_eq!(b.may_launch(x), Launch::Yes);
     }
 
     #[test]

@@ -25,8 +25,11 @@ impl Book {
             let token = b.heartbeat.as_ref().map(Token::of);
             self.observer.saw(&b.owner.key(), token, b.started, b.done);
         }
+        // An incarnation whose read got no answer is still watched (its watch goes on at the
+        // next read that answers); one no longer read at all has no records left.
         let keys: Vec<String> = t.beats.iter().map(|b| b.owner.key()).collect();
-        self.observer.retain(|k| keys.iter().any(|x| x == k));
+        self.observer
+            .retain(|k| keys.iter().any(|x| x == k) || t.unread.iter().any(|x| x == k));
         // A record states its owner's TTL too: what it is judged by while its heartbeat is missing.
         for e in &t.records {
             self.observer.stated(&e.facts.owner.key(), e.facts.ttl);
@@ -248,6 +251,49 @@ mod tests {
         // TFINIT_FORCE_UNLOCK=off: never.
         b.auto_unlock = false;
         assert!(!b.needs_recovery(Path::new("/tf/ended"), t));
+    }
+
+    #[test]
+    fn reads_with_no_answer_call_nobody_dead_and_keep_the_watch_going() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let pod_b = other("pod-b", T0 - 100_000);
+        let records = vec![entry("b", "/tf/b", pod_b.clone(), T0)];
+        let hb = beat(pod_b.clone(), 1, T0);
+        b.on_completion(opened(t, table(t, records.clone(), vec![hb.clone()])), t);
+        // Three TTLs of scans whose read of pod-b's heartbeat got no answer: not dead.
+        let unread = |at: Instant| {
+            let mut tb = table(at, records.clone(), vec![]);
+            tb.unread = vec![pod_b.key()];
+            Completion::Table(tb)
+        };
+        for k in 1..=9 {
+            let at = t + TTL / 3 * k;
+            b.on_completion(unread(at), at);
+            assert_eq!(b.dead_records(at), 0, "{k} unanswered reads");
+        }
+        // The first read that answers, unchanged, three TTLs after the watch began: dead at
+        // once, so the watch was kept through the unanswered reads.
+        let t4 = t + TTL * 3 + Duration::from_millis(1);
+        b.on_completion(Completion::Table(table(t4, records.clone(), vec![hb])), t4);
+        assert_eq!(b.dead_records(t4), 1);
+    }
+
+    #[test]
+    fn a_watch_is_dropped_once_its_incarnation_is_neither_read_nor_unread() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let pod_b = other("pod-b", T0 - 100_000);
+        let records = vec![entry("b", "/tf/b", pod_b.clone(), T0)];
+        let hb = beat(pod_b.clone(), 1, T0);
+        b.on_completion(opened(t, table(t, records.clone(), vec![hb.clone()])), t);
+        // A scan without pod-b (its records were gone for a moment), then it is read again
+        // three TTLs later: the watch starts over.
+        let t1 = t + TTL;
+        b.on_completion(Completion::Table(table(t1, vec![], vec![])), t1);
+        let t2 = t + TTL * 3;
+        b.on_completion(Completion::Table(table(t2, records, vec![hb])), t2);
+        assert_eq!(b.dead_records(t2), 0, "watched from t2 on");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::labels::StoreFault;
 use super::liveness::Facts;
 use super::names::RunId;
 use super::record::{Ended, Heartbeat, Owner, Record};
@@ -50,8 +51,8 @@ pub enum WriteError {
     Cancelled,
     /// A create that must follow a fresh heartbeat, which could not be written.
     NoHeartbeat,
-    /// The volume's own error.
-    Volume(String),
+    /// The store's own error: its kind, and its text (which says what to do).
+    Volume(StoreFault, String),
 }
 
 impl std::fmt::Display for WriteError {
@@ -63,7 +64,7 @@ impl std::fmt::Display for WriteError {
             WriteError::NoHeartbeat => {
                 "not written: the heartbeat it must follow could not be written"
             }
-            WriteError::Volume(e) => e,
+            WriteError::Volume(_, e) => e,
         })
     }
 }
@@ -72,7 +73,7 @@ impl std::error::Error for WriteError {}
 
 impl From<io::Error> for WriteError {
     fn from(e: io::Error) -> WriteError {
-        WriteError::Volume(e.to_string())
+        WriteError::Volume(StoreFault::of(e.kind()), e.to_string())
     }
 }
 
@@ -148,9 +149,15 @@ pub struct Table {
     pub scanned: Instant,
     /// Every readable record.
     pub records: Vec<Entry>,
+    /// Why the records could not be listed (then `records` is empty, and what the store holds is
+    /// unknown, not nothing).
+    pub unlisted: Option<String>,
     /// One read of the heartbeat of each incarnation with records, and of every other
-    /// incarnation of our own name.
+    /// incarnation of our own name, that the store answered.
     pub beats: Vec<Beat>,
+    /// The incarnations with records whose heartbeat read got no answer: not watched this time,
+    /// but still watched.
+    pub unread: Vec<String>,
     /// The incarnations with records the kernel proves gone (see [`Store::incarnation_gone`](crate::locks::store::Store::incarnation_gone)).
     pub gone: Vec<String>,
     /// The incarnations with records a process of which holds their lock file: alive, whatever

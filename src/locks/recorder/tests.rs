@@ -129,20 +129,20 @@ impl Store for TestStore {
         self.with(|i| i.records.remove(id));
         Ok(RecordId::file(format!("{id}.aside")))
     }
-    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
-        self.with(|i| i.heartbeats.get(&owner.key()).cloned())
+    fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>> {
+        Ok(self.with(|i| i.heartbeats.get(&owner.key()).cloned()))
     }
-    fn heartbeats(&self) -> Vec<Heartbeat> {
-        self.with(|i| i.heartbeats.values().cloned().collect())
+    fn heartbeats(&self) -> io::Result<Vec<Heartbeat>> {
+        Ok(self.with(|i| i.heartbeats.values().cloned().collect()))
     }
-    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
-        self.with(|i| {
+    fn heartbeats_named(&self, name: &str) -> io::Result<Vec<Heartbeat>> {
+        Ok(self.with(|i| {
             i.heartbeats
                 .values()
                 .filter(|h| h.owner.name == name)
                 .cloned()
                 .collect()
-        })
+        }))
     }
     fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
         let mut g = self.0 .0.lock().unwrap();

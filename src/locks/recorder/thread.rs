@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::machine::{Held, Machine, Next, Now, Op, Out, Outcome};
-use super::{Beat, Completion, Entry, Gone, Work};
+use super::machine::{HeartbeatRead, Held, Machine, Next, Now, Op, Out, Outcome};
+use super::{Completion, Entry, Gone, Work};
 use crate::locks::record::{now_ms, Found, Owner};
 use crate::locks::store::Store;
 use crate::locks::who::passwd_user;
@@ -267,35 +267,38 @@ fn perform(store: &dyn Store, me: &Owner, op: Op) -> Outcome {
             store.prune_heartbeats(&records, me, older_than);
             Outcome::Tidied
         }
-        Op::List => Outcome::Listed(
-            store
-                .list()
-                .into_iter()
-                .filter_map(|f| match f {
-                    Found::Record(path, rec) => Some(Entry::of(path, &rec)),
-                    _ => None,
-                })
-                .collect(),
-        ),
+        Op::List => {
+            let mut records = Vec::new();
+            let mut unlisted = None;
+            for f in store.list() {
+                match f {
+                    Found::Record(path, rec) => records.push(Entry::of(path, &rec)),
+                    Found::Unlisted(why) => unlisted = Some(why),
+                    _ => {}
+                }
+            }
+            Outcome::Listed { records, unlisted }
+        }
         Op::ReadHeartbeats { owners, name } => {
             let each = owners
                 .into_iter()
                 .map(|owner| {
                     let started = Instant::now();
-                    let heartbeat = store.read_heartbeat(&owner);
+                    let answer = store.read_heartbeat(&owner).map_err(|e| e.to_string());
                     let done = Instant::now();
-                    let proof = store.kernel_proof(me, &owner, heartbeat.as_ref());
-                    let beat = Beat {
+                    let read = answer.as_ref().ok().and_then(Option::as_ref);
+                    let proof = store.kernel_proof(me, &owner, read);
+                    HeartbeatRead {
                         owner,
-                        heartbeat,
+                        answer,
                         started,
                         done,
-                    };
-                    (beat, proof)
+                        proof,
+                    }
                 })
                 .collect();
             let named_started = Instant::now();
-            let named = store.heartbeats_named(&name);
+            let named = store.heartbeats_named(&name).map_err(|e| e.to_string());
             Outcome::Heartbeats {
                 each,
                 named,

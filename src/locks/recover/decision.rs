@@ -20,6 +20,10 @@ pub struct Window {
     /// A live run that may lock the same state (locks::state, whatever directory it works in)
     /// and whose lock would carry the same Who.
     pub live_same_who: Option<String>,
+    /// Evidence the store gave no answer for (the owner's heartbeat, the other tfinits'
+    /// heartbeats): the window and the live runs may be wrong, so nothing is decided but
+    /// "ambiguous" (the record is kept, and judged again by the next recovery).
+    pub unread: Option<String>,
 }
 
 /// Whether to force-unlock a lock held as `info`, for the dead run of `rec`.
@@ -51,6 +55,9 @@ pub fn decide(rec: &Record, info: &LockInfo, w: &Window) -> Decision {
             (rec.started_ms.saturating_sub(created)) / 1000,
             CLOCK_SKEW.as_secs()
         ));
+    }
+    if let Some(why) = &w.unread {
+        return Decision::Ambiguous(format!("the evidence is incomplete: {why}"));
     }
     if created > w.not_after_ms {
         return Decision::NotOurs(format!(

@@ -54,7 +54,14 @@ impl Recovery {
         all: &[(RecordId, Record)],
     ) -> Window {
         let skew = CLOCK_SKEW.as_millis() as u64;
-        let hb = self.store.read_heartbeat(&rec.owner);
+        let mut unread = Vec::new();
+        let hb = self.store.read_heartbeat(&rec.owner).unwrap_or_else(|e| {
+            unread.push(format!(
+                "the heartbeat of owner {} could not be read ({e})",
+                rec.owner.name
+            ));
+            None
+        });
         let state = record_state(rec);
         // Another run whose record is here, on a state that may be this one (whatever directory
         // it works in), with the same Who, that may be alive.
@@ -64,7 +71,12 @@ impl Recovery {
             .filter(|(_, r)| state::may_share(&state, &record_state(r)))
             .find(|(_, r)| !matches!(self.state_now(observer, r), RunState::Over(_)))
             .map(|(_, r)| format!("{} of {} in {}", r.run_id, r.owner.name, r.workdir));
-        let beats = self.store.heartbeats();
+        let beats = self.store.heartbeats().unwrap_or_else(|e| {
+            unread.push(format!(
+                "the heartbeats of the tfinits could not be listed ({e})"
+            ));
+            Vec::new()
+        });
         let on_host = live_on_host(&info.who, &self.me, &beats, |hb| {
             let facts = Facts {
                 owner: hb.owner.clone(),
@@ -110,6 +122,8 @@ impl Recovery {
             not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), judged_by)
                 .saturating_add(skew),
             live_same_who: twin.or(on_host).or_else(live),
+            unread: (!unread.is_empty() && mutation::on(Guard::UnansweredRead))
+                .then(|| unread.join("; ")),
         }
     }
 }

@@ -50,6 +50,7 @@ fn window() -> Window {
         not_before_ms: T0 - CLOCK_SKEW.as_millis() as u64,
         not_after_ms: T0 + 30_000 + CLOCK_SKEW.as_millis() as u64,
         live_same_who: None,
+        unread: None,
     }
 }
 
@@ -118,6 +119,40 @@ fn an_unreadable_created_or_odd_id_or_live_twin_leaves_the_lock() {
     assert!(matches!(
         decide(&rec(), &lock("@pod-a", Some(T0 + 1)), &w),
         Decision::Ambiguous(_)
+    ));
+}
+
+#[test]
+fn evidence_the_store_did_not_answer_for_decides_nothing() {
+    let w = Window {
+        unread: Some("the heartbeat of owner pod-a could not be read (503)".into()),
+        ..window()
+    };
+    // Within the window: the dead run's lock on full evidence, ambiguous on partial.
+    assert_eq!(
+        decide(&rec(), &lock("@pod-a", Some(T0 + 800)), &window()),
+        Decision::Unlock
+    );
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", Some(T0 + 800)), &w),
+        Decision::Ambiguous(m) if m.contains("503")
+    ));
+    // After the owner's last sign of life as far as was read: not ours on full evidence, but
+    // the heartbeat that was not read may move that sign later, so the record is kept.
+    let late = lock("@pod-a", Some(window().not_after_ms + 1));
+    assert!(matches!(
+        decide(&rec(), &late, &window()),
+        Decision::NotOurs(_)
+    ));
+    assert!(matches!(decide(&rec(), &late, &w), Decision::Ambiguous(_)));
+    // What needs no read stays decided: another Who, a lock older than the run.
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-b", Some(T0 + 800)), &w),
+        Decision::NotOurs(_)
+    ));
+    assert!(matches!(
+        decide(&rec(), &lock("@pod-a", Some(w.not_before_ms - 1)), &w),
+        Decision::NotOurs(_)
     ));
 }
 

@@ -95,8 +95,11 @@ enum Choice {
 enum Target<'a> {
     Kube(&'a KubeStore, Option<&'a FileStore>),
     File(&'a FileStore),
-    /// No store to write to (yet): why.
+    /// No store to write to: why (`kubernetes` with no API to use: nothing of it can be read
+    /// from this pod either).
     None(String),
+    /// `auto`, and the API has not answered yet: why. Its records are unknown, not absent.
+    Unanswered(String),
 }
 
 impl Chosen {
@@ -110,7 +113,7 @@ impl Chosen {
         match &*choice {
             Choice::Kube(k) => f(Target::Kube(k, self.file_readable().then_some(&self.file))),
             Choice::File => f(Target::File(&self.file)),
-            Choice::Undecided(_) => f(Target::None(match unanswered {
+            Choice::Undecided(_) => f(Target::Unanswered(match unanswered {
                 Some(e) => format!("the Kubernetes API has not answered yet: {e}"),
                 None => "the Kubernetes API has not answered yet".into(),
             })),
@@ -160,7 +163,7 @@ impl Store for Chosen {
         self.with(|t| match t {
             Target::Kube(k, _) => k.location(),
             Target::File(f) => f.location(),
-            Target::None(why) => format!("no store yet ({why})"),
+            Target::None(why) | Target::Unanswered(why) => format!("no store yet ({why})"),
         })
     }
 
@@ -175,7 +178,7 @@ impl Store for Chosen {
                 Ok(())
             }
             Target::File(f) => f.open(stale_temp),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -187,6 +190,8 @@ impl Store for Chosen {
                 all
             }
             Target::File(f) => f.list(),
+            // Which records the store holds is unknown while it has not answered: not "none".
+            Target::Unanswered(why) => vec![Found::Unlisted(why)],
             Target::None(_) => Vec::new(),
         })
     }
@@ -195,7 +200,7 @@ impl Store for Chosen {
         self.with(|t| match t {
             Target::Kube(k, _) if !id.in_files() => k.read(id),
             Target::Kube(_, _) | Target::File(_) => self.file.read(id),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -205,7 +210,7 @@ impl Store for Chosen {
             Target::Kube(_, Some(f)) if f.holds(record) => f.write(record),
             Target::Kube(k, _) => k.write(record),
             Target::File(f) => f.write(record),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -216,7 +221,9 @@ impl Store for Chosen {
             // and `remove`, which find it there.
             Target::Kube(k, _) => k.apply(changes),
             Target::File(f) => f.apply(changes),
-            Target::None(why) => changes.iter().map(|_| Err(none(why.clone()))).collect(),
+            Target::None(why) | Target::Unanswered(why) => {
+                changes.iter().map(|_| Err(none(why.clone()))).collect()
+            }
         })
     }
 
@@ -224,7 +231,7 @@ impl Store for Chosen {
         self.with(|t| match t {
             Target::Kube(k, _) if !id.in_files() => k.remove(id),
             Target::Kube(_, _) | Target::File(_) => self.file.remove(id),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -232,41 +239,52 @@ impl Store for Chosen {
         self.with(|t| match t {
             Target::Kube(k, _) if !id.in_files() => k.set_aside(id, why),
             Target::Kube(_, _) | Target::File(_) => self.file.set_aside(id, why),
-            Target::None(text) => Err(none(text)),
+            Target::None(text) | Target::Unanswered(text) => Err(none(text)),
         })
     }
 
-    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+    /// With the Leases chosen, a heartbeat the API has not is looked for in the files (a
+    /// predecessor's); the API's error is the answer's, whatever the files hold.
+    fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>> {
         self.with(|t| match t {
-            Target::Kube(k, f) => k
-                .read_heartbeat(owner)
-                .or_else(|| f.and_then(|f| f.read_heartbeat(owner))),
+            Target::Kube(k, f) => match k.read_heartbeat(owner)? {
+                Some(hb) => Ok(Some(hb)),
+                None => f.map_or(Ok(None), |f| f.read_heartbeat(owner)),
+            },
             Target::File(f) => f.read_heartbeat(owner),
-            Target::None(_) => None,
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
-    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+    fn heartbeats_named(&self, name: &str) -> io::Result<Vec<Heartbeat>> {
         self.with(|t| match t {
             Target::Kube(k, f) => {
-                let mut all = k.heartbeats_named(name);
-                all.extend(f.map(|f| f.heartbeats_named(name)).unwrap_or_default());
-                all
+                let mut all = k.heartbeats_named(name)?;
+                all.extend(
+                    f.map(|f| f.heartbeats_named(name))
+                        .transpose()?
+                        .unwrap_or_default(),
+                );
+                Ok(all)
             }
             Target::File(f) => f.heartbeats_named(name),
-            Target::None(_) => Vec::new(),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
-    fn heartbeats(&self) -> Vec<Heartbeat> {
+    fn heartbeats(&self) -> io::Result<Vec<Heartbeat>> {
         self.with(|t| match t {
             Target::Kube(k, f) => {
-                let mut all = k.heartbeats();
-                all.extend(f.map(FileStore::heartbeats).unwrap_or_default());
-                all
+                let mut all = k.heartbeats()?;
+                all.extend(
+                    f.map(FileStore::heartbeats)
+                        .transpose()?
+                        .unwrap_or_default(),
+                );
+                Ok(all)
             }
             Target::File(f) => f.heartbeats(),
-            Target::None(_) => Vec::new(),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -274,7 +292,7 @@ impl Store for Chosen {
         self.with(|t| match t {
             Target::Kube(k, _) => k.write_heartbeat(hb),
             Target::File(f) => f.write_heartbeat(hb),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
@@ -287,21 +305,21 @@ impl Store for Chosen {
                 }
             }
             Target::File(f) => f.prune_heartbeats(records, me, older_than),
-            Target::None(_) => {}
+            Target::None(_) | Target::Unanswered(_) => {}
         })
     }
 
     fn hold_incarnation_lock(&self, me: &Owner) -> io::Result<Option<(OwnedFd, FileId)>> {
         self.with(|t| match t {
             Target::Kube(_, Some(f)) | Target::File(f) => f.hold_incarnation_lock(me),
-            Target::Kube(_, None) | Target::None(_) => Ok(None),
+            Target::Kube(_, None) | Target::None(_) | Target::Unanswered(_) => Ok(None),
         })
     }
 
     fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {
         self.with(|t| match t {
             Target::Kube(_, Some(f)) | Target::File(f) => f.incarnation_gone(owner, file),
-            Target::Kube(_, None) | Target::None(_) => None,
+            Target::Kube(_, None) | Target::None(_) | Target::Unanswered(_) => None,
         })
     }
 
@@ -317,7 +335,7 @@ impl Store for Chosen {
                 })
             }
             Target::File(f) => f.lock_recovery(wait),
-            Target::None(why) => Err(none(why)),
+            Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 }

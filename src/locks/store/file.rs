@@ -10,7 +10,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use super::fsio::{
     aside_path, atomic_write, file_of, flock_free, kind_of, local_filesystem, open_regular,
-    read_limited, remove, test_flock, to_json, unique_suffix,
+    read_limited, remove, test_flock, to_json, unique_suffix, ReadError,
 };
 use super::kernel::same_lock_file;
 use super::{Aside, Change, RecordId, RecoveryLock, Store};
@@ -52,6 +52,30 @@ impl FileStore {
     fn lock_path(&self, owner: &Owner) -> PathBuf {
         self.owners_dir()
             .join(format!("{}.{}.lock", owner.name, owner.incarnation()))
+    }
+
+    /// The `*.json` files of `owners/` (stem, path): none when the directory is missing (no
+    /// heartbeat was written), Err when it cannot be read.
+    fn heartbeat_files(&self) -> io::Result<Vec<(String, PathBuf)>> {
+        let rd = match fs::read_dir(self.owners_dir()) {
+            Ok(rd) => rd,
+            Err(e) if no_records_here(&e) => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", self.owners_dir().display()),
+                ))
+            }
+        };
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e?;
+            let file = e.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = file.strip_suffix(".json") {
+                out.push((stem.to_string(), e.path()));
+            }
+        }
+        Ok(out)
     }
 
     /// Where `record` is stored.
@@ -196,62 +220,55 @@ impl Store for FileStore {
         Ok(RecordId::file(aside))
     }
 
-    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
+    fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>> {
         if !valid_owner(&owner.name) {
-            return None;
+            return Ok(None);
         }
-        let read = |file: String| -> Option<Heartbeat> {
-            let bytes = read_limited(&self.owners_dir().join(file)).ok()?;
-            serde_json::from_slice::<Heartbeat>(&bytes).ok()
-        };
-        let own = read(format!("{}.{}.json", owner.name, owner.incarnation()))
+        let read = |file: String| read_beat(&self.owners_dir().join(file));
+        let own = read(format!("{}.{}.json", owner.name, owner.incarnation()))?
             .filter(|hb| hb.v == HEARTBEAT_FORMAT && hb.owner.same_incarnation(owner));
-        own.or_else(|| {
-            read(format!("{}.json", owner.name))
-                .filter(|hb| hb.v == 1 && hb.owner.same_incarnation(owner))
-        })
+        if own.is_some() {
+            return Ok(own);
+        }
+        Ok(read(format!("{}.json", owner.name))?
+            .filter(|hb| hb.v == 1 && hb.owner.same_incarnation(owner)))
     }
 
-    fn heartbeats(&self) -> Vec<Heartbeat> {
-        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| {
-                let file = e.file_name().to_string_lossy().into_owned();
-                let stem = file.strip_suffix(".json")?;
-                let bytes = read_limited(&e.path()).ok()?;
-                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
+    fn heartbeats(&self) -> io::Result<Vec<Heartbeat>> {
+        let mut out = Vec::new();
+        for (stem, path) in self.heartbeat_files()? {
+            if let Some(hb) = read_beat(&path)? {
                 let own_file = stem == format!("{}.{}", hb.owner.name, hb.owner.incarnation());
-                (hb.v == HEARTBEAT_FORMAT && own_file).then_some(hb)
-            })
-            .collect()
+                if hb.v == HEARTBEAT_FORMAT && own_file {
+                    out.push(hb);
+                }
+            }
+        }
+        Ok(out)
     }
 
-    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
-        let Ok(rd) = fs::read_dir(self.owners_dir()) else {
-            return Vec::new();
-        };
+    fn heartbeats_named(&self, name: &str) -> io::Result<Vec<Heartbeat>> {
         let prefix = format!("{name}.");
-        let mut out: Vec<Heartbeat> = rd
-            .flatten()
-            .filter_map(|e| {
-                let file = e.file_name().to_string_lossy().into_owned();
-                let rest = file.strip_prefix(&prefix)?.strip_suffix(".json")?;
-                // `<name>.<incarnation>.json`; a longer name that starts with ours has more dots.
-                if rest.is_empty() || rest.contains('.') {
-                    return None;
-                }
-                let bytes = read_limited(&e.path()).ok()?;
-                let hb: Heartbeat = serde_json::from_slice(&bytes).ok()?;
-                (hb.v == HEARTBEAT_FORMAT
+        let mut out = Vec::new();
+        for (stem, path) in self.heartbeat_files()? {
+            // `<name>.<incarnation>.json`; a longer name that starts with ours has more dots.
+            let Some(rest) = stem.strip_prefix(&prefix) else {
+                continue;
+            };
+            if rest.is_empty() || rest.contains('.') {
+                continue;
+            }
+            if let Some(hb) = read_beat(&path)? {
+                if hb.v == HEARTBEAT_FORMAT
                     && hb.owner.name == name
-                    && hb.owner.incarnation() == rest)
-                    .then_some(hb)
-            })
-            .collect();
+                    && hb.owner.incarnation() == rest
+                {
+                    out.push(hb);
+                }
+            }
+        }
         out.sort_by_key(|hb| hb.owner.incarnation());
-        out
+        Ok(out)
     }
 
     fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()> {
@@ -384,6 +401,27 @@ impl Store for FileStore {
     }
 }
 
+/// Whether a directory that cannot be read holds no records as an answer: it does not exist
+/// (no volume mounted, nothing written yet), is not a directory, or is not this uid's to read
+/// (so nothing of this uid's was written there).
+pub(super) fn no_records_here(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory | io::ErrorKind::PermissionDenied
+    )
+}
+
+/// One heartbeat file: Ok(None) when it is missing or holds no heartbeat (not a regular file,
+/// too large, not JSON: its owner's next beat replaces it); Err when the volume gave no answer.
+fn read_beat(path: &Path) -> io::Result<Option<Heartbeat>> {
+    match read_limited(path) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e @ ReadError::Io(_)) => Err(e.into_io(path)),
+        Err(ReadError::NotRegular(_) | ReadError::TooLarge(_)) => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::*;
@@ -448,6 +486,7 @@ mod tests {
         assert!(store
             .read_heartbeat(&owner)
             .unwrap()
+            .unwrap()
             .owner
             .same_incarnation(&owner));
         fs::remove_dir_all(&dir).unwrap();
@@ -499,9 +538,9 @@ mod tests {
         store.write_heartbeat(&beat(&fresh, 1, now_ms())).unwrap();
         let r = sample(&with_record);
         store.prune_heartbeats(&[r], &me, Duration::from_secs(60));
-        assert!(store.read_heartbeat(&gone).is_none());
+        assert!(store.read_heartbeat(&gone).unwrap().is_none());
         for kept in [&with_record, &me, &fresh] {
-            assert!(store.read_heartbeat(kept).is_some(), "{kept:?}");
+            assert!(store.read_heartbeat(kept).unwrap().is_some(), "{kept:?}");
         }
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -516,10 +555,13 @@ mod tests {
         };
         store.write_heartbeat(&beat(&a1, 5, 1)).unwrap();
         store.write_heartbeat(&beat(&a2, 7, 2)).unwrap();
-        assert_eq!(store.read_heartbeat(&a1).unwrap().seq, 5);
-        assert_eq!(store.read_heartbeat(&a2).unwrap().seq, 7);
-        assert_eq!(store.heartbeats_named("pod-a").len(), 2);
-        assert!(store.heartbeats_named("pod").is_empty(), "no prefix match");
+        assert_eq!(store.read_heartbeat(&a1).unwrap().unwrap().seq, 5);
+        assert_eq!(store.read_heartbeat(&a2).unwrap().unwrap().seq, 7);
+        assert_eq!(store.heartbeats_named("pod-a").unwrap().len(), 2);
+        assert!(
+            store.heartbeats_named("pod").unwrap().is_empty(),
+            "no prefix match"
+        );
         // A file copied under another incarnation's name is not that incarnation's.
         let a3 = Owner {
             started_ms: a1.started_ms + 2,
@@ -530,7 +572,7 @@ mod tests {
             dir.join(format!("owners/pod-a.{}.json", a3.incarnation())),
         )
         .unwrap();
-        assert!(store.read_heartbeat(&a3).is_none());
+        assert!(store.read_heartbeat(&a3).unwrap().is_none());
         // The shared file of the first format counts only for the incarnation it names.
         let legacy = Heartbeat {
             v: 1,
@@ -539,12 +581,12 @@ mod tests {
             ..beat(&a3, 0, 9)
         };
         atomic_write(&dir.join("owners/pod-a.json"), &to_json(&legacy)).unwrap();
-        assert_eq!(store.read_heartbeat(&a3).unwrap().updated_ms, 9);
+        assert_eq!(store.read_heartbeat(&a3).unwrap().unwrap().updated_ms, 9);
         let bad_name = Owner {
             name: "../pod-b".into(),
             ..a1.clone()
         };
-        assert!(store.read_heartbeat(&bad_name).is_none());
+        assert!(store.read_heartbeat(&bad_name).unwrap().is_none());
         fs::remove_dir_all(&dir).unwrap();
     }
 

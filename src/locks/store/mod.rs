@@ -43,7 +43,7 @@ pub use kube::KubeStore;
 pub use super::record_id::RecordId;
 pub use fsio::{atomic_write, remove};
 pub use kernel::{kernel_proof_with, same_lock_file};
-pub use report::{set_aside_corrupt, warn_left_alone, warn_unreadable};
+pub use report::{set_aside_corrupt, warn_left_alone, warn_unlisted, warn_unreadable};
 
 /// Why a record is set aside (renamed so no recovery reads it again).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +98,8 @@ pub trait Store: Send {
     /// hidden temporary files older than `stale_temp` (left by writers that died mid-write).
     fn open(&self, stale_temp: Duration) -> io::Result<()>;
 
-    /// Every record, parsed or not, in a stable order.
+    /// Every record, parsed or not, in a stable order; a listing that got no answer is
+    /// [`Found::Unlisted`] (its records are unknown, not absent).
     fn list(&self) -> Vec<Found>;
 
     /// Reads one record.
@@ -129,16 +130,20 @@ pub trait Store: Send {
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId>;
 
     /// Reads one incarnation's heartbeat (`owners/<name>.<incarnation>.json`; for an incarnation
-    /// of the first format, the shared `owners/<name>.json` when it is that incarnation's); None
-    /// when missing or unreadable.
-    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat>;
+    /// of the first format, the shared `owners/<name>.json` when it is that incarnation's).
+    /// Ok(None): the store answered that there is none (missing, or not a heartbeat: its owner's
+    /// next beat replaces it). Err: the store gave no answer (an I/O error, an API down or
+    /// refusing): nothing is known, and a caller must not take it for "missing, unchanged",
+    /// which would let a TTL of failed reads call a live owner dead.
+    fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>>;
 
-    /// The heartbeats of every incarnation named `name` (to tell that two live inits share it).
-    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat>;
+    /// The heartbeats of every incarnation named `name` (to tell that two live inits share it);
+    /// Err when the store gave no (whole) answer.
+    fn heartbeats_named(&self, name: &str) -> io::Result<Vec<Heartbeat>>;
 
     /// The heartbeats of every incarnation (current format), to tell which hosts live tfinits
-    /// run on.
-    fn heartbeats(&self) -> Vec<Heartbeat>;
+    /// run on; Err when the store gave no (whole) answer (a tfinit it did not list may be alive).
+    fn heartbeats(&self) -> io::Result<Vec<Heartbeat>>;
 
     /// Writes `hb`, its incarnation's heartbeat.
     fn write_heartbeat(&self, hb: &Heartbeat) -> io::Result<()>;
@@ -200,6 +205,7 @@ pub trait Store: Send {
                 ),
                 Found::Unreadable(p, e) => warn_unreadable(&p, &e),
                 Found::LeftAlone(p, why) => warn_left_alone(&p, &why),
+                Found::Unlisted(why) => warn_unlisted(&self.location(), &why),
             }
         }
         out

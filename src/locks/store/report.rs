@@ -1,5 +1,5 @@
 //! What a reader says of a record it cannot use: unreadable by this uid, left alone unread, or
-//! set aside as corrupt.
+//! set aside as corrupt; and of a listing that got no answer.
 
 use std::io;
 
@@ -30,6 +30,15 @@ pub fn warn_left_alone(path: &RecordId, why: &Unread) {
             "lock-owner record could not be read and is left alone; it is read again by the next recovery: check the volume"
         ),
     }
+}
+
+/// Warns that the records of `store` could not be listed: which there are is unknown, so no
+/// record of it is recovered (nor taken for absent) until a listing answers.
+pub fn warn_unlisted(store: &str, error: &str) {
+    tracing::warn!(
+        store, error,
+        "the lock-owner records could not be listed: which records there are is unknown, so none is recovered until a listing answers; check the store (the volume at TFINIT_STATE_DIR, or the Kubernetes API and the service account's rights on Leases)"
+    );
 }
 
 /// Sets an unreadable record aside (`*.corrupt`) so it is reported once and never stops anyone.

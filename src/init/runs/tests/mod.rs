@@ -81,6 +81,8 @@ fn table(t: Instant, records: Vec<Entry>) -> Table {
         beats: vec![],
         gone: vec![],
         held: Vec::new(),
+        unlisted: None,
+        unread: Vec::new(),
     }
 }
 

@@ -32,7 +32,7 @@ use scan::{Scan, ScanFor};
 use write::{Slot, Unclosed};
 
 use super::queue::{Chore, Queue};
-use super::{Beat, Completion, Entry, Work, WriteError};
+use super::{Completion, Entry, Work, WriteError};
 use crate::locks::names::RunId;
 use crate::locks::record::{FileId, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use crate::locks::record_id::RecordId;
@@ -117,14 +117,19 @@ pub enum Outcome {
     /// [`Op::Tidy`].
     Tidied,
     /// [`Op::List`].
-    Listed(Vec<Entry>),
+    Listed {
+        /// The records that parse.
+        records: Vec<Entry>,
+        /// Why the listing got no answer ([`Found::Unlisted`](crate::locks::record::Found::Unlisted)):
+        /// the records are unknown, not absent.
+        unlisted: Option<String>,
+    },
     /// [`Op::ReadHeartbeats`].
     Heartbeats {
-        /// Each owner's read, in the order asked (`started`, `done`: the read's own times), with
-        /// the kernel's proof: gone, alive, or nothing proven.
-        each: Vec<(Beat, Option<bool>)>,
-        /// The heartbeats of our name.
-        named: Vec<Heartbeat>,
+        /// Each owner's read, in the order asked.
+        each: Vec<HeartbeatRead>,
+        /// The heartbeats of our name, or why the store gave no answer.
+        named: Result<Vec<Heartbeat>, String>,
         /// When that read started.
         named_started: Instant,
         /// When it returned.
@@ -132,6 +137,23 @@ pub enum Outcome {
     },
     /// [`Op::Apply`]: each change's result, in order (the record's id, or why not).
     Applied(Vec<io::Result<RecordId>>),
+}
+
+/// One read of an incarnation's heartbeat, as the driver made it.
+#[derive(Debug)]
+pub struct HeartbeatRead {
+    /// The incarnation.
+    pub owner: Owner,
+    /// What the store answered (None: it has no heartbeat of the incarnation), or why it gave no
+    /// answer (`Store::read_heartbeat`'s error): such a read tells nothing and is not watched.
+    pub answer: Result<Option<Heartbeat>, String>,
+    /// When the read started, on the reader's monotonic clock.
+    pub started: Instant,
+    /// When it returned.
+    pub done: Instant,
+    /// What the kernel proves of the incarnation (`Store::kernel_proof` on what was read):
+    /// gone, alive, or nothing proven.
+    pub proof: Option<bool>,
 }
 
 /// What the driver does next.
@@ -529,9 +551,9 @@ fn answers(results: Vec<io::Result<RecordId>>, n: usize) -> Vec<Result<RecordId,
         .map(|r| r.map_err(WriteError::from))
         .collect();
     while out.len() < n {
-        out.push(Err(WriteError::Volume(
-            "the store gave no answer for this change".into(),
-        )));
+        out.push(Err(WriteError::from(io::Error::other(
+            "the store gave no answer for this change",
+        ))));
     }
     out
 }

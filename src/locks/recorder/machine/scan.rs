@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::{Doing, Machine, Now, Op, Out, Outcome};
 use crate::locks::record::Owner;
 use crate::locks::recorder::{Beat, Completion, Table};
+use crate::mutation::{self, Guard};
 
 /// What a scan is for.
 #[derive(Debug)]
@@ -47,7 +48,9 @@ impl Machine {
         let table = Table {
             scanned: now.mono,
             records: Vec::new(),
+            unlisted: None,
             beats: Vec::new(),
+            unread: Vec::new(),
             gone: Vec::new(),
             held: Vec::new(),
         };
@@ -63,8 +66,9 @@ impl Machine {
     /// with the kernel's word on it, then the heartbeats of our own name.
     pub(super) fn scanned(&mut self, mut scan: Scan, outcome: Outcome, now: Now) {
         match (scan.step, outcome) {
-            (ScanStep::Listing { full }, Outcome::Listed(records)) => {
+            (ScanStep::Listing { full }, Outcome::Listed { records, unlisted }) => {
                 scan.table.records = records;
+                scan.table.unlisted = unlisted;
                 if !full {
                     return self.scan_done(scan.purpose, scan.table, now);
                 }
@@ -93,17 +97,32 @@ impl Machine {
                     named_done,
                 },
             ) => {
-                for (beat, proof) in each {
-                    match proof {
-                        Some(true) => scan.table.gone.push(beat.owner.key()),
-                        Some(false) => scan.table.held.push(beat.owner.key()),
+                for read in each {
+                    match read.proof {
+                        Some(true) => scan.table.gone.push(read.owner.key()),
+                        Some(false) => scan.table.held.push(read.owner.key()),
                         None => {}
                     }
-                    scan.table.beats.push(beat);
+                    let heartbeat = match read.answer {
+                        Ok(hb) => hb,
+                        // No answer is no sign: watching it as "missing, unchanged" would let a
+                        // TTL of failed reads call a live owner dead.
+                        Err(_) if mutation::on(Guard::UnansweredRead) => {
+                            scan.table.unread.push(read.owner.key());
+                            continue;
+                        }
+                        Err(_) => None,
+                    };
+                    scan.table.beats.push(Beat {
+                        owner: read.owner,
+                        heartbeat,
+                        started: read.started,
+                        done: read.done,
+                    });
                 }
                 // Other live incarnations of our own name show here (two inits with one
-                // TFINIT_OWNER).
-                for hb in named {
+                // TFINIT_OWNER); a listing with no answer shows none (it only feeds a warning).
+                for hb in named.unwrap_or_default() {
                     if hb.owner.same_incarnation(&self.me)
                         || scan
                             .table

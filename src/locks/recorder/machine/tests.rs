@@ -38,7 +38,13 @@ fn opened(t0: Instant) -> Machine {
     assert!(matches!(m.next(now), Next::Do(Op::Tidy { .. })));
     m.finished(Outcome::Tidied, now);
     assert_eq!(m.next(now), Next::Do(Op::List));
-    m.finished(Outcome::Listed(Vec::new()), now);
+    m.finished(
+        Outcome::Listed {
+            records: Vec::new(),
+            unlisted: None,
+        },
+        now,
+    );
     assert_eq!(
         m.next(now),
         Next::Do(Op::ReadHeartbeats {
@@ -49,7 +55,7 @@ fn opened(t0: Instant) -> Machine {
     m.finished(
         Outcome::Heartbeats {
             each: Vec::new(),
-            named: Vec::new(),
+            named: Ok(Vec::new()),
             named_started: now.mono,
             named_done: now.mono,
         },
@@ -221,7 +227,13 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
         );
         // What can still be read: the records alone, no heartbeat.
         assert_eq!(m.next(now), Next::Do(Op::List));
-        m.finished(Outcome::Listed(Vec::new()), now);
+        m.finished(
+            Outcome::Listed {
+                records: Vec::new(),
+                unlisted: None,
+            },
+            now,
+        );
         m.take_out()
     };
     let first = fail(&mut m, at(t0, 0));
@@ -298,11 +310,17 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
         );
         match m.next(at(t0, t)) {
             Next::Do(Op::Open { .. }) => break at(t0, t),
-            Next::Do(Op::List) => m.finished(Outcome::Listed(Vec::new()), at(t0, t)),
+            Next::Do(Op::List) => m.finished(
+                Outcome::Listed {
+                    records: Vec::new(),
+                    unlisted: None,
+                },
+                at(t0, t),
+            ),
             Next::Do(Op::ReadHeartbeats { .. }) => m.finished(
                 Outcome::Heartbeats {
                     each: Vec::new(),
-                    named: Vec::new(),
+                    named: Ok(Vec::new()),
                     named_started: at(t0, t).mono,
                     named_done: at(t0, t).mono,
                 },
@@ -457,7 +475,7 @@ fn a_batch_holds_one_change_per_run_and_answers_each_request_in_order() {
         [
             "created r3 true",
             "written r3 Ok(())",
-            "ended r1 Err(Volume(\"EIO\"))",
+            "ended r1 Err(Volume(Other, \"EIO\"))",
             "removed r2 Ok(())"
         ]
     );
@@ -530,5 +548,135 @@ fn a_batch_with_a_create_under_a_stale_heartbeat_follows_a_new_one_and_without_i
             assert!(said.contains(&"created r2 false".to_string()), "{said:?}");
             assert!(said.contains(&"written r1 Ok(())".to_string()), "{said:?}");
         }
+    }
+}
+
+/// An opening whose scan lists one record of another incarnation and reads its heartbeat with
+/// `answer`: the table the loop gets.
+fn opening_table(
+    answer: Result<Option<crate::locks::record::Heartbeat>, String>,
+) -> crate::locks::recorder::Table {
+    use crate::locks::record::Owner;
+    use crate::locks::recorder::Entry;
+    let t0 = Instant::now();
+    let now = at(t0, 0);
+    let mut m = Machine::new(me(), TTL, "test".into());
+    assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+    m.finished(
+        Outcome::Opened {
+            passwd_user: None,
+            host: "h".into(),
+            result: Ok(Held::NoFile),
+        },
+        now,
+    );
+    assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
+    m.finished(Outcome::Wrote(Ok(())), now);
+    assert!(matches!(m.next(now), Next::Do(Op::Tidy { .. })));
+    m.finished(Outcome::Tidied, now);
+    assert_eq!(m.next(now), Next::Do(Op::List));
+    let other = Owner {
+        name: "pod-b".into(),
+        ..me()
+    };
+    let mut theirs = record("r1");
+    theirs.owner = other.clone();
+    m.finished(
+        Outcome::Listed {
+            records: vec![Entry::of("/s/records/b.json".into(), &theirs)],
+            unlisted: None,
+        },
+        now,
+    );
+    assert_eq!(
+        m.next(now),
+        Next::Do(Op::ReadHeartbeats {
+            owners: vec![other.clone()],
+            name: "pod-a".into()
+        })
+    );
+    m.finished(
+        Outcome::Heartbeats {
+            each: vec![super::HeartbeatRead {
+                owner: other,
+                answer,
+                started: now.mono,
+                done: now.mono,
+                proof: None,
+            }],
+            named: Err("the API did not answer".into()),
+            named_started: now.mono,
+            named_done: now.mono,
+        },
+        now,
+    );
+    match m.take_out().pop() {
+        Some(Out::Wake(Completion::Opened {
+            result: Ok(()),
+            table: Some(table),
+            ..
+        })) => table,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_heartbeat_read_with_no_answer_is_no_observation_but_its_owner_stays_watched() {
+    let table = opening_table(Err("503 Service Unavailable".into()));
+    assert!(table.beats.is_empty(), "{:?}", table.beats);
+    assert_eq!(table.unread.len(), 1);
+    assert!(table.unread[0].starts_with("pod-b/"), "{:?}", table.unread);
+    // An answer, even "there is none", is an observation.
+    let table = opening_table(Ok(None));
+    assert_eq!(table.beats.len(), 1);
+    assert_eq!(table.beats[0].heartbeat, None);
+    assert!(table.unread.is_empty());
+}
+
+#[test]
+fn with_the_unanswered_read_guard_off_no_answer_counts_as_no_heartbeat() {
+    use crate::mutation::{disable, Guard};
+    let _off = disable(Guard::UnansweredRead);
+    let table = opening_table(Err("503 Service Unavailable".into()));
+    assert_eq!(table.beats.len(), 1, "the old rule: watched as missing");
+    assert!(table.unread.is_empty());
+}
+
+#[test]
+fn a_listing_with_no_answer_reaches_the_loop_as_unlisted() {
+    let t0 = Instant::now();
+    let mut m = Machine::new(me(), TTL, "test".into());
+    let now = at(t0, 0);
+    assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
+    m.finished(
+        Outcome::Opened {
+            passwd_user: None,
+            host: "h".into(),
+            result: Err("the Kubernetes API has not answered yet".into()),
+        },
+        now,
+    );
+    assert_eq!(
+        m.next(now),
+        Next::Do(Op::List),
+        "a failed store still lists"
+    );
+    m.finished(
+        Outcome::Listed {
+            records: Vec::new(),
+            unlisted: Some("the Kubernetes API has not answered yet".into()),
+        },
+        now,
+    );
+    match m.take_out().pop() {
+        Some(Out::Wake(Completion::Opened {
+            result: Err(_),
+            table: Some(t),
+            ..
+        })) => assert_eq!(
+            t.unlisted.as_deref(),
+            Some("the Kubernetes API has not answered yet")
+        ),
+        other => panic!("{other:?}"),
     }
 }

@@ -330,7 +330,7 @@ impl Machine {
                         let result = self.rewritten(run, &result);
                         // Kept on the volume, never written again by this incarnation (but for
                         // a retry).
-                        if let (Err(WriteError::Volume(_)), Some((_, record))) =
+                        if let (Err(WriteError::Volume(..)), Some((_, record))) =
                             (&result, self.written.remove(&run))
                         {
                             let record = Box::new(record);

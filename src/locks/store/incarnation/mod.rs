@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::file::FileStore;
+use super::file::{no_records_here, FileStore};
 use super::fsio::{aside_path, atomic_write, file_of, open_regular, remove, to_json, ReadError};
 use super::{Aside, Change, RecordId};
 use crate::locks::names::valid_run_id;
@@ -172,8 +172,17 @@ impl FileStore {
     /// Every record of `records/`, parsed or not, by file and by record inside an incarnation's
     /// file, in a stable order.
     pub(super) fn list_records(&self) -> Vec<Found> {
-        let Ok(entries) = fs::read_dir(self.records_dir()) else {
-            return Vec::new();
+        let entries = match fs::read_dir(self.records_dir()) {
+            Ok(entries) => entries,
+            // Nothing was ever written here (no volume mounted, another path, not ours to read):
+            // no records, as an answer.
+            Err(e) if no_records_here(&e) => return Vec::new(),
+            Err(e) => {
+                return vec![Found::Unlisted(format!(
+                    "{}: {e}",
+                    self.records_dir().display()
+                ))]
+            }
         };
         let mut out = Vec::new();
         for e in entries.flatten() {
@@ -212,7 +221,7 @@ impl FileStore {
                 },
             }
         }
-        out.sort_by(|a, b| found_id(a).cmp(found_id(b)));
+        out.sort_by(|a, b| found_id(a).cmp(&found_id(b)));
         out
     }
 
@@ -396,12 +405,13 @@ fn missing(id: &RecordId) -> io::Error {
     )
 }
 
-fn found_id(f: &Found) -> &RecordId {
+fn found_id(f: &Found) -> Option<&RecordId> {
     match f {
         Found::Record(p, _)
         | Found::Corrupt(p, _)
         | Found::Future(p, _)
         | Found::Unreadable(p, _)
-        | Found::LeftAlone(p, _) => p,
+        | Found::LeftAlone(p, _) => Some(p),
+        Found::Unlisted(_) => None,
     }
 }

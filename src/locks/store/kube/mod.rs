@@ -190,14 +190,9 @@ impl KubeStore {
     }
 
     /// Every heartbeat of `selector`'s Leases (unreadable ones skipped).
-    fn beats(&self, selector: &str) -> Vec<Heartbeat> {
-        match self.list_leases(selector) {
-            Ok(list) => list.items.iter().filter_map(layout::heartbeat_of).collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot list heartbeat Leases");
-                Vec::new()
-            }
-        }
+    fn beats(&self, selector: &str) -> io::Result<Vec<Heartbeat>> {
+        let list = self.list_leases(selector).map_err(io_error)?;
+        Ok(list.items.iter().filter_map(layout::heartbeat_of).collect())
     }
 }
 
@@ -223,10 +218,7 @@ impl Store for KubeStore {
         let ns = self.namespace().to_string();
         let list = match self.list_leases(&layout::selector(Kind::Record)) {
             Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(store = %self.location(), error = %e, "cannot list lock-owner record Leases");
-                return Vec::new();
-            }
+            Err(e) => return vec![Found::Unlisted(e.to_string())],
         };
         let mut out: Vec<Found> = list
             .items
@@ -342,22 +334,28 @@ impl Store for KubeStore {
         Ok(id.clone())
     }
 
-    fn read_heartbeat(&self, owner: &Owner) -> Option<Heartbeat> {
-        let lease = self.get(&layout::heartbeat_name(owner)).ok()??;
-        layout::heartbeat_of(&lease).filter(|hb| hb.owner.same_incarnation(owner))
+    /// A Lease that does not exist, or holds no heartbeat of `owner` (edited by hand: its owner's
+    /// next beat rewrites it), is an answer (None); an API that did not answer, or refused, is
+    /// the error.
+    fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>> {
+        let lease = self.get(&layout::heartbeat_name(owner)).map_err(io_error)?;
+        Ok(lease
+            .as_ref()
+            .and_then(layout::heartbeat_of)
+            .filter(|hb| hb.owner.same_incarnation(owner)))
     }
 
-    fn heartbeats_named(&self, name: &str) -> Vec<Heartbeat> {
+    fn heartbeats_named(&self, name: &str) -> io::Result<Vec<Heartbeat>> {
         let mut out: Vec<Heartbeat> = self
-            .beats(&layout::selector_named(name))
+            .beats(&layout::selector_named(name))?
             .into_iter()
             .filter(|hb| hb.owner.name == name)
             .collect();
         out.sort_by_key(|hb| hb.owner.incarnation());
-        out
+        Ok(out)
     }
 
-    fn heartbeats(&self) -> Vec<Heartbeat> {
+    fn heartbeats(&self) -> io::Result<Vec<Heartbeat>> {
         self.beats(&layout::selector(Kind::Heartbeat))
     }
 

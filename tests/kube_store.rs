@@ -503,4 +503,13 @@ fn a_batch_of_record_writes_is_in_flight_together_and_nothing_of_it_is_lost() {
     let results = s.apply(&second);
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(records(&s), [r1]);
+    // Negative: a record that would not read back fails alone, the rest of its batch lands.
+    let mut bad = record(&me, "r9");
+    bad.workdir = format!("/{}", "d".repeat(300 * 1024));
+    let results = s.apply(&[
+        Change::Put(Box::new(bad)),
+        Change::Put(Box::new(record(&me, "r10"))),
+    ]);
+    assert!(results[0].is_err() && results[1].is_ok(), "{results:?}");
+    assert_eq!(records(&s).len(), 2);
 }

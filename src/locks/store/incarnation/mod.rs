@@ -16,13 +16,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::file::{no_records_here, FileStore};
 use super::fsio::{aside_path, atomic_write, file_of, open_regular, remove, to_json, ReadError};
 use super::{Aside, Change, RecordId};
 use crate::locks::names::valid_run_id;
-use crate::locks::record::{parse_record, Found, Owner, Record, Unread, MAX_FILE};
+use crate::locks::record::{check_record, parse_record, Found, Owner, Record, Unread, MAX_FILE};
 
 #[cfg(test)]
 mod tests;
@@ -34,19 +33,19 @@ pub const FILE_FORMAT: u32 = 5;
 /// ([`Record::fitted`] keeps each far below [`MAX_FILE`]); the runs of one init are far fewer.
 pub const MAX_INCARNATION_FILE: u64 = 64 * MAX_FILE;
 
-/// An incarnation's file: its records, as JSON values (a record this tfinit cannot parse is
-/// kept as it is when the file is rewritten, for the sweep to set aside).
+/// An incarnation's file: its records (each checked as a record file's is when it is read).
 #[derive(Debug, Serialize)]
-struct IncarnationFile {
+struct IncarnationFile<'a> {
     v: u32,
-    records: Vec<Value>,
+    records: &'a [Record],
 }
 
 /// The key of record `i` of an incarnation's file: its run id, or `#<i>`.
-fn key_of(i: usize, v: &Value) -> String {
-    match v.get("run_id").and_then(Value::as_str) {
-        Some(run) if valid_run_id(run) => run.to_string(),
-        _ => format!("#{i}"),
+fn key_of(i: usize, r: &Record) -> String {
+    if valid_run_id(&r.run_id) {
+        r.run_id.clone()
+    } else {
+        format!("#{i}")
     }
 }
 
@@ -55,7 +54,7 @@ enum Content {
     /// One record (the first layout): its bytes.
     One(Vec<u8>),
     /// An incarnation's records.
-    Many(Vec<Value>),
+    Many(Vec<Record>),
 }
 
 /// What `bytes`, read from a file of `records/`, hold; Err: the Found that says why not. An
@@ -66,13 +65,9 @@ fn content(id: RecordId, bytes: Vec<u8>) -> Result<Content, Found> {
     #[derive(Deserialize)]
     struct Shape {
         v: u32,
-        records: Option<Vec<Value>>,
+        records: Option<Vec<Record>>,
     }
-    // As text, as the API's lists are read (one parser of records lists in the binary).
-    let shape = std::str::from_utf8(&bytes)
-        .map_err(|_| ())
-        .and_then(|t| serde_json::from_str::<Shape>(t).map_err(|_| ()));
-    match shape {
+    match serde_json::from_slice::<Shape>(&bytes) {
         Ok(Shape {
             v,
             records: Some(records),
@@ -89,8 +84,8 @@ fn content(id: RecordId, bytes: Vec<u8>) -> Result<Content, Found> {
         _ if bytes.len() as u64 > MAX_FILE => {
             Err(Found::LeftAlone(id, Unread::TooLarge(bytes.len() as u64)))
         }
-        // One record, or no record at all (`records` that is not a list included): parsed as
-        // one, it says why not.
+        // One record, or no record at all (an incarnation's file with an entry that is no record
+        // included): parsed as one, it says why not.
         _ => Ok(Content::One(bytes)),
     }
 }
@@ -106,9 +101,11 @@ fn found(id: RecordId, bytes: &[u8]) -> Found {
     }
 }
 
-/// A record's bytes as the store writes them: [`Record::fitted`], and only when they read back.
-fn checked(record: &Record, name: &Path) -> io::Result<Vec<u8>> {
-    let bytes = to_json(&*record.fitted());
+/// A record as the store writes it, [`Record::fitted`], and its bytes alone: only when they read
+/// back.
+fn checked(record: &Record, name: &Path) -> io::Result<(Record, Vec<u8>)> {
+    let fitted = record.fitted().into_owned();
+    let bytes = to_json(&fitted);
     let problem = if bytes.len() as u64 > MAX_FILE {
         Some(format!(
             "it would be {} bytes, more than the {MAX_FILE} a reader takes (its paths or names are that long)",
@@ -126,7 +123,7 @@ fn checked(record: &Record, name: &Path) -> io::Result<Vec<u8>> {
                 record.run_id
             ),
         )),
-        None => Ok(bytes),
+        None => Ok((fitted, bytes)),
     }
 }
 
@@ -149,7 +146,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ReadError> {
 
 /// The changes of a batch to one incarnation's file, in order: the change's index in the batch,
 /// the record's key, its new content (None: removed).
-type FileChanges = Vec<(usize, String, Option<Value>)>;
+type FileChanges = Vec<(usize, String, Option<Record>)>;
 
 /// A copy of `e` for each change of one write (io::Error is not Clone).
 fn copy(e: &io::Error) -> io::Error {
@@ -212,9 +209,15 @@ impl FileStore {
                 Ok(bytes) => match content(id.clone(), bytes) {
                     Ok(Content::One(bytes)) => out.push(found(id, &bytes)),
                     Ok(Content::Many(records)) => {
-                        for (i, v) in records.iter().enumerate() {
-                            let member = RecordId::member(&path, &key_of(i, v));
-                            out.push(found(member, &serde_json::to_vec(v).unwrap_or_default()));
+                        for (i, r) in records.into_iter().enumerate() {
+                            let member = RecordId::member(&path, &key_of(i, &r));
+                            out.push(match check_record(r) {
+                                Ok(r) => Found::Record(member, Box::new(r)),
+                                Err(problem) => match problem.future() {
+                                    Some(v) => Found::Future(member, v),
+                                    None => Found::Corrupt(member, problem.to_string()),
+                                },
+                            });
                         }
                     }
                     Err(f) => out.push(f),
@@ -226,7 +229,7 @@ impl FileStore {
     }
 
     /// The records of the incarnation's file at `path` (none when it is missing).
-    fn members(&self, path: &Path) -> io::Result<Vec<Value>> {
+    fn members(&self, path: &Path) -> io::Result<Vec<Record>> {
         let bytes = match read_file(path) {
             Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             r => r.map_err(|e| e.into_io(path))?,
@@ -245,7 +248,7 @@ impl FileStore {
 
     /// Writes the incarnation's file at `path` with `records`, atomically; removes it when none
     /// is left.
-    fn write_members(&self, path: &Path, records: Vec<Value>) -> io::Result<()> {
+    fn write_members(&self, path: &Path, records: &[Record]) -> io::Result<()> {
         if records.is_empty() {
             return remove(path);
         }
@@ -276,10 +279,9 @@ impl FileStore {
             )
         };
         if let Some((file, key)) = id.as_member() {
-            let records = self.members(file)?;
-            let (_, v) = find(&records, key).ok_or_else(|| missing(id))?;
-            let bytes = serde_json::to_vec(v).unwrap_or_default();
-            return parse_record(&bytes).map_err(|p| not_a_record(p.to_string()));
+            let mut records = self.members(file)?;
+            let (j, _) = find(&records, key).ok_or_else(|| missing(id))?;
+            return check_record(records.swap_remove(j)).map_err(|p| not_a_record(p.to_string()));
         }
         let path = file_of(id)?;
         let bytes = read_file(path).map_err(|e| e.into_io(path))?;
@@ -303,11 +305,8 @@ impl FileStore {
                 }
                 Change::Put(record) => {
                     let path = self.incarnation_path(&record.owner);
-                    let value = checked(record, &path).and_then(|bytes| {
-                        serde_json::from_slice::<Value>(&bytes).map_err(io::Error::other)
-                    });
-                    match value {
-                        Ok(v) => (path, record.run_id.clone(), Some(v)),
+                    match checked(record, &path) {
+                        Ok((fitted, _)) => (path, record.run_id.clone(), Some(fitted)),
                         Err(e) => {
                             results[i] = Some(Err(e));
                             continue;
@@ -340,7 +339,7 @@ impl FileStore {
                         (None, None) => {}
                     }
                 }
-                self.write_members(&path, records)
+                self.write_members(&path, &records)
             });
             for (i, key, _) in list {
                 results[i] = Some(match &written {
@@ -359,7 +358,7 @@ impl FileStore {
     /// marks is rewritten where it is).
     pub(super) fn write_run_file(&self, record: &Record) -> io::Result<RecordId> {
         let path = self.path_of(record);
-        let bytes = checked(record, &path)?;
+        let (_, bytes) = checked(record, &path)?;
         atomic_write(&path, &bytes)?;
         Ok(RecordId::file(path))
     }
@@ -385,13 +384,13 @@ impl FileStore {
         let aside = aside_path(&own, why);
         atomic_write(&aside, &to_json(v))?;
         records.remove(j);
-        self.write_members(file, records)?;
+        self.write_members(file, &records)?;
         Ok(RecordId::file(aside))
     }
 }
 
 /// The record of key `key` in an incarnation's `records`, and where it is.
-fn find<'a>(records: &'a [Value], key: &str) -> Option<(usize, &'a Value)> {
+fn find<'a>(records: &'a [Record], key: &str) -> Option<(usize, &'a Record)> {
     records
         .iter()
         .enumerate()

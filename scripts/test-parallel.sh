@@ -9,7 +9,8 @@
 # the CPU, which is why 4 groups fit on 2 cores. A test binary no group names goes to `rest`, so a
 # new file is never left out. `kube_client` (tfinit's API client against the HTTPS stand-in, ~7 s,
 # mostly waiting on deadlines and Retry-After) is named in `rest`: its timing bounds want a group
-# without the heavy bursts.
+# without the heavy bursts. `kubernetes_leases` (the Lease store on terraform's kubernetes backend,
+# pods with no volume: ~45 s on 2 threads, mostly waiting on TTLs) runs in `pods` beside `kubernetes`.
 #
 # Usage: scripts/test-parallel.sh          (scripts/test.sh runs it; TFINIT_TEST_THREADS: threads
 #                                           per binary, default 2; TFINIT_TEST_ONLY="a b": only
@@ -45,7 +46,7 @@ while IFS=$'\t' read -r name path; do
 done <"$logs/binaries.tsv"
 
 heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival hostile_clients"
-pods="locks_recovery locks_never locks_state kubernetes records container_shutdown container_recovery container_images"
+pods="locks_recovery locks_never locks_state kubernetes kubernetes_leases records container_shutdown container_recovery container_images"
 terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples lock_probe"
 rest="kube_client"
 for name in $(printf '%s\n' "${!exe[@]}" | sort); do

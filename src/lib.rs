@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod duration;
 pub mod init;
+pub mod ip;
 pub mod kube;
 pub mod locks;
 pub mod logging;

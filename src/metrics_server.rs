@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,10 +46,11 @@ const MAX_HEAD: usize = 8 << 10;
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// Parses `TFINIT_METRICS_ADDR`: `:9102` (every address), `127.0.0.1:9102`, `[::]:9102`, or a
-/// host name and port. Resolving a host name happens here, at start-up, never on the loop.
-/// Strictly: the port is decimal digits without a sign or leading zeros (std's parser would take
-/// `+80`), an IPv6 address is in brackets (`::1:80` could be either), and a host of digits and
-/// dots must be an IPv4 address (the resolver would read `10.1` as 10.0.0.1).
+/// host name and port, the name looked up in `/etc/hosts` only (tfinit has no DNS resolver:
+/// [`crate::ip`]), here, at start-up, never on the loop. Strictly: the port is decimal digits
+/// without a sign or leading zeros (std's parser would take `+80`), an IPv6 address is in
+/// brackets (`::1:80` could be either), and a host of digits and dots must be an IPv4 address (a
+/// resolver would read `10.1` as 10.0.0.1).
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     const FORM: &str = "must be HOST:PORT or :PORT with a port from 0 to 65535 in digits, and an \
                         IPv6 address in brackets ([::1]:9102)";
@@ -58,17 +59,19 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     if host.is_empty() {
         return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
     }
-    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        let ip: std::net::Ipv6Addr = v6
-            .parse()
-            .map_err(|_| format!("[{v6}] is not an IPv6 address"))?;
-        return Ok(SocketAddr::from((ip, port)));
+    if host.starts_with('[') {
+        return match crate::ip::parse(host) {
+            Some(ip) => Ok(SocketAddr::from((ip, port))),
+            None => Err(format!("{host} is not an IPv6 address in brackets")),
+        };
     }
     if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let ip: std::net::Ipv4Addr = host
-            .parse()
-            .map_err(|_| format!("{host} is not an IPv4 address (four numbers: 127.0.0.1)"))?;
-        return Ok(SocketAddr::from((ip, port)));
+        return match crate::ip::parse(host) {
+            Some(ip) => Ok(SocketAddr::from((ip, port))),
+            None => Err(format!(
+                "{host} is not an IPv4 address (four numbers: 127.0.0.1)"
+            )),
+        };
     }
     if !host
         .bytes()
@@ -76,11 +79,19 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     {
         return Err(FORM.into());
     }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot be resolved ({e})"))?
-        .next()
-        .ok_or_else(|| "resolves to no address".to_string())
+    let hosts = crate::ip::HOSTS;
+    match crate::ip::lookup_in_hosts(host) {
+        Ok(Some(ip)) => Ok(SocketAddr::from((ip, port))),
+        Ok(None) => Err(format!(
+            "{host} is not in {hosts}: host names are looked up in {hosts} only (tfinit has no DNS \
+             resolver); give an IP address (127.0.0.1:{port}, [::1]:{port}) or :{port} for every \
+             address"
+        )),
+        Err(e) => Err(format!(
+            "{host} cannot be looked up: {hosts} cannot be read ({e}); give an IP address \
+             (127.0.0.1:{port}) or :{port} for every address"
+        )),
+    }
 }
 
 /// A port as written in an address: 1 to 5 decimal digits, no sign, no leading zero (but `0`,
@@ -514,8 +525,10 @@ mod tests {
         assert_eq!(
             parse_addr("localhost:9102").unwrap().port(),
             9102,
-            "a host name is resolved"
+            "a host name is looked up in /etc/hosts"
         );
+        let e = parse_addr("no-such-host.invalid:9102").unwrap_err();
+        assert!(e.contains("/etc/hosts only"), "{e}");
         for bad in [
             "9102",
             ":http",

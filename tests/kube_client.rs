@@ -686,6 +686,15 @@ fn in_cluster_reads_the_kubelets_variables_and_the_directory_setting() {
         ],
         "not-in-cluster",
     );
+    // A name is refused before anything is read or sent: tfinit has no resolver.
+    child(
+        &[
+            ("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+            (SERVICE_ACCOUNT_DIR_VAR, &sa),
+        ],
+        "a-name",
+    );
     // Without the setting: the kubelet's directory, which this machine does not have.
     child(
         &[
@@ -723,6 +732,18 @@ fn in_cluster_child() {
                 ),
                 "{e}"
             );
+        }
+        "a-name" => {
+            let e = found.unwrap_err();
+            assert!(matches!(e, ConfigError::NotAnIp { .. }), "{e}");
+            let text = e.to_string();
+            for part in [
+                "KUBERNETES_SERVICE_HOST=\"kubernetes.default.svc\"",
+                "is not an IP address",
+                "10.96.0.1",
+            ] {
+                assert!(text.contains(part), "{part} in {text}");
+            }
         }
         "default-directory" => match found {
             Err(ConfigError::Unreadable { path, .. }) => {

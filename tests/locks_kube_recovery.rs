@@ -14,44 +14,16 @@ mod s3_pods;
 
 use std::time::Duration;
 
-use common::kube_cluster::{self, Cluster, NS};
+use common::kube_cluster::{self, Cluster};
 use common::pods::{
     apply_once, apply_until_success, attempts, now_ms, parse_rfc3339_ms, Pod, PodSpec, STEP,
 };
 use common::wait_for;
 use s3_pods::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use tfinit::kube::ROLE_RULE;
 
 each_terraform!(a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases);
-
-/// The pod's environment that makes its records go to the API: the service account and the
-/// kubelet's variables, and no usable state directory.
-fn in_cluster(c: &Cluster) -> Vec<(&'static str, String)> {
-    vec![
-        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
-        ("KUBERNETES_SERVICE_PORT", c.api.port.to_string()),
-        ("TFINIT_SERVICE_ACCOUNT_DIR", c.sa.display().to_string()),
-        ("TFINIT_STATE_DIR", "/nonexistent/tfinit-no-volume".into()),
-    ]
-}
-
-/// The records in the API's record Leases (its admin view), parsed.
-fn record_leases(c: &Cluster) -> Vec<Value> {
-    let path = format!(
-        "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases?labelSelector=tfinit.dev%2Fkind%3Drecord"
-    );
-    let (code, list) = c.api.call("GET", &path, None, "application/json");
-    assert_eq!(code, 200, "{list}");
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|l| {
-            serde_json::from_str(l["metadata"]["annotations"]["tfinit.dev/record"].as_str()?).ok()
-        })
-        .collect()
-}
 
 fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraform) {
     if !have_deps() || !kube_cluster::have_deps() {
@@ -60,7 +32,7 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
     let w = S3World::with("kube-kill", tf, S3Lock::Table);
     let c = Cluster::start("kube-kill-api");
 
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", "30".into()));
     let mut pod_a = Pod::start(
         &w,
@@ -71,15 +43,7 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
             env,
         },
     );
-    let rec = wait_for(
-        STEP,
-        "pod-a's record Lease with null_resource.a in progress",
-        || {
-            record_leases(&c)
-                .into_iter()
-                .find(|r| r["in_progress"] == json!(["null_resource.a"]))
-        },
-    );
+    let rec = c.wait_in_progress("pod-a", &["null_resource.a"]);
     wait_for(STEP, "pod-a's lock in the backend", || w.held());
     assert_eq!(rec["owner"]["name"], "pod-a");
     assert!(w.records().is_empty(), "nothing written to files");
@@ -96,7 +60,7 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
     // pod-b: another name, another node, no volume; it finds pod-a's record in its Lease and
     // watches pod-a's heartbeat Lease for pod-a's TTL before it releases anything.
     let out = w.tmp.join("pod-b.out");
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", "0".into()));
     let b_started = now_ms();
     let mut pod_b = Pod::start_on_other_node(
@@ -137,7 +101,7 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
     );
     assert!(w.held().is_none(), "the lock is released");
     assert!(
-        record_leases(&c).is_empty(),
+        c.record_leases().is_empty(),
         "the dead run's record is resolved"
     );
 }
@@ -151,7 +115,7 @@ fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_leas
     let c = Cluster::start("kube-live-api");
     // pod-a's apply lasts two TTLs: only its heartbeat Lease tells pod-b that it is alive.
     let a_out = w.tmp.join("pod-a.out");
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", (2 * TTL.as_secs()).to_string()));
     let mut pod_a = Pod::start(
         &w,
@@ -163,9 +127,9 @@ fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_leas
         },
     );
     let lock = wait_for(STEP, "pod-a's lock", || w.held());
-    wait_for(STEP, "pod-a's record Lease", || record_leases(&c).pop());
+    wait_for(STEP, "pod-a's record Lease", || c.record_leases().pop());
     let b_out = w.tmp.join("pod-b.out");
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", "0".into()));
     let mut pod_b = Pod::start_on_other_node(
         &w,
@@ -209,7 +173,7 @@ fn a_live_pods_lock_is_never_released_by_another_pod_watching_its_heartbeat_leas
         "pod-a released its own lock ({})",
         lock["ID"]
     );
-    assert!(record_leases(&c).is_empty());
+    assert!(c.record_leases().is_empty());
     w.assert_state_consistent();
 }
 
@@ -228,7 +192,7 @@ fn a_pod_whose_api_never_answered_refuses_locking_runs_until_it_answers() {
     c.api
         .faults(json!({"fail": {"list leases": {"code": 503}}}));
     let out = w.tmp.join("pod-a.out");
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", "0".into()));
     let mut pod_a = Pod::start(
         &w,
@@ -288,7 +252,7 @@ fn rights_removed_while_a_pod_runs_are_one_error_a_metric_and_the_fence() {
     let c = Cluster::start("kube-403-api");
     let port = common::free_port();
     let out = w.tmp.join("pod-a.out");
-    let mut env = in_cluster(&c);
+    let mut env = c.pod_env();
     env.push(("TF_VAR_sleep", (10 * TTL.as_secs()).to_string()));
     env.push(("TFINIT_METRICS_ADDR", format!("127.0.0.1:{port}")));
     let mut pod_a = Pod::start(
@@ -301,7 +265,7 @@ fn rights_removed_while_a_pod_runs_are_one_error_a_metric_and_the_fence() {
             env,
         },
     );
-    wait_for(STEP, "pod-a's record Lease", || record_leases(&c).pop());
+    wait_for(STEP, "pod-a's record Lease", || c.record_leases().pop());
     wait_for(STEP, "pod-a's lock", || w.held());
     let url = format!("http://127.0.0.1:{port}/metrics");
     let denied = "tfinit_heartbeat_write_failures_total{reason=\"denied\"}";

@@ -427,6 +427,7 @@ mod tests {
             result: Ok(()),
             table: Some(table),
             passwd_user: None,
+            location: None,
             beat: Some(now),
             lock: None,
         };

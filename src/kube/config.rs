@@ -1,6 +1,7 @@
 //! Where the API server is and who we are to it, found as client-go's `rest.InClusterConfig`
 //! finds it: the server from `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` (the kubelet
-//! sets both in every pod; an IPv6 host goes in brackets), and the pod's service account in a
+//! sets both in every pod, the host an IP address: tfinit connects to it without any name lookup,
+//! see [`crate::ip`]; an IPv6 host goes in brackets), and the pod's service account in a
 //! directory of three files: `token` (the bearer token, re-read while running: see
 //! [`super::token`]), `ca.crt` (the only certificate authority the server is verified against)
 //! and `namespace` (where the pod's Leases live).
@@ -9,6 +10,7 @@
 //! `TFINIT_SERVICE_ACCOUNT_DIR` names another: tests run many "pods" on one machine. The three
 //! variables are read in [`Config::in_cluster`] only.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use ureq::tls::{parse_pem, Certificate, PemItem};
@@ -24,6 +26,8 @@ pub const SERVICE_ACCOUNT_DIR_VAR: &str = "TFINIT_SERVICE_ACCOUNT_DIR";
 pub struct Config {
     /// `https://HOST:PORT`, an IPv6 host in brackets.
     server: String,
+    /// The same address, which the client connects to (never a name: no lookup).
+    addr: SocketAddr,
     /// The pod's namespace (the `namespace` file).
     namespace: String,
     /// The `token` file, re-read while running.
@@ -59,6 +63,17 @@ pub enum ConfigError {
     NotInCluster {
         /// The variable that is missing or empty.
         var: &'static str,
+    },
+    /// `KUBERNETES_SERVICE_HOST` is a name: tfinit connects to an IP only (it has no resolver).
+    #[error(
+        "KUBERNETES_SERVICE_HOST={value:?} is not an IP address: tfinit reaches the API server at \
+         an IP only, with no DNS lookup (the kubelet sets the kubernetes Service's ClusterIP, for \
+         example 10.96.0.1 or fd00::1, in every pod); remove the setting that overrides the \
+         kubelet's value, or set the API server's IP address"
+    )]
+    NotAnIp {
+        /// The value as given.
+        value: String,
     },
     /// `KUBERNETES_SERVICE_PORT` is not a port.
     #[error(
@@ -139,9 +154,11 @@ impl Config {
         Config::from_dir(&host, &port, &dir)
     }
 
-    /// The configuration of a server at `host`:`port` (an IPv6 address bare or in brackets) and
-    /// the service account whose `token`, `ca.crt` and `namespace` are in `dir`.
+    /// The configuration of a server at `host`:`port` (an IP address; IPv6 bare or in brackets)
+    /// and the service account whose `token`, `ca.crt` and `namespace` are in `dir`.
     pub fn from_dir(host: &str, port: &str, dir: &Path) -> Result<Config, ConfigError> {
+        let ip =
+            crate::ip::parse(host).ok_or_else(|| ConfigError::NotAnIp { value: host.into() })?;
         let port_number: u16 = port
             .parse()
             .ok()
@@ -182,7 +199,8 @@ impl Config {
             });
         }
         Ok(Config {
-            server: server_url(host, port_number),
+            server: server_url(ip, port_number),
+            addr: SocketAddr::from((ip, port_number)),
             namespace,
             token_path,
             token,
@@ -215,6 +233,7 @@ impl Config {
     pub(super) fn into_parts(self) -> Parts {
         Parts {
             server: self.server,
+            addr: self.addr,
             namespace: self.namespace,
             token_path: self.token_path,
             token: self.token,
@@ -227,6 +246,7 @@ impl Config {
 /// A [`Config`] taken apart by the client.
 pub(super) struct Parts {
     pub server: String,
+    pub addr: SocketAddr,
     pub namespace: String,
     pub token_path: PathBuf,
     pub token: String,
@@ -235,12 +255,10 @@ pub(super) struct Parts {
 }
 
 /// `https://host:port` as Go's `net.JoinHostPort` writes it: an IPv6 address in brackets.
-fn server_url(host: &str, port: u16) -> String {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    if bare.contains(':') {
-        format!("https://[{bare}]:{port}")
-    } else {
-        format!("https://{bare}:{port}")
+fn server_url(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("https://{v4}:{port}"),
+        IpAddr::V6(v6) => format!("https://[{v6}]:{port}"),
     }
 }
 
@@ -303,10 +321,10 @@ mod tests {
 
     #[test]
     fn server_urls_bracket_ipv6_hosts_as_go_does() {
-        assert_eq!(server_url("10.96.0.1", 443), "https://10.96.0.1:443");
-        assert_eq!(server_url("fd00::1", 443), "https://[fd00::1]:443");
-        assert_eq!(server_url("[fd00::1]", 6443), "https://[fd00::1]:6443");
-        assert_eq!(server_url("localhost", 8443), "https://localhost:8443");
+        let ip = |s| crate::ip::parse(s).unwrap();
+        assert_eq!(server_url(ip("10.96.0.1"), 443), "https://10.96.0.1:443");
+        assert_eq!(server_url(ip("fd00::1"), 443), "https://[fd00::1]:443");
+        assert_eq!(server_url(ip("[fd00::1]"), 6443), "https://[fd00::1]:6443");
     }
 
     #[test]

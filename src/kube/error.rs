@@ -253,7 +253,7 @@ pub enum Error {
         /// The request.
         op: Op,
     },
-    /// No connection: DNS, TCP or TLS (an invalid server certificate among them). Nothing was
+    /// No connection: TCP or TLS (an invalid server certificate among them). Nothing was
     /// sent.
     #[error("{op}: cannot reach the API server at {server}: {detail}")]
     Connect {

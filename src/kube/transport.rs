@@ -7,7 +7,8 @@
 //! - TLS with rustls and ring (the algorithms of [`super::crypto`]), trusting only the service
 //!   account's `ca.crt`; verification is never turned off (an invalid server certificate is a
 //!   [`Error::Connect`] that says so).
-//! - A deadline on connecting (DNS, TCP, TLS) and one on the whole request (sending it and
+//! - The server's IP address from the configuration, no name lookup (`TheServer`).
+//! - A deadline on connecting (TCP, TLS) and one on the whole request (sending it and
 //!   reading the whole answer): a hung server costs at most that, never a thread forever.
 //! - No proxy from the environment: the API server is reached at the address the kubelet gave,
 //!   inside the cluster (client-go honours HTTPS_PROXY; a controller's proxy setting for the
@@ -17,12 +18,15 @@
 //!   than the request); ureq checks an idle one is still open before reusing it. ureq never sends
 //!   a request twice by itself.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ureq::http::{header, Method, Request, Response};
 use ureq::tls::{RootCerts, TlsConfig, TlsProvider};
+use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::NextTimeout;
 use ureq::Body;
 
 use super::config::Parts;
@@ -63,6 +67,24 @@ pub(super) struct Answer {
     pub body: String,
 }
 
+/// The "resolver" of the agent: the API server's address from the configuration, for every
+/// request (the agent sends to that server only; `https_only` and no redirects keep it so).
+#[derive(Debug)]
+struct TheServer(SocketAddr);
+
+impl Resolver for TheServer {
+    fn resolve(
+        &self,
+        _uri: &ureq::http::Uri,
+        _config: &ureq::config::Config,
+        _timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let mut addrs = self.empty();
+        addrs.push(self.0);
+        Ok(addrs)
+    }
+}
+
 /// The HTTPS connection to one API server with one service account.
 pub(super) struct Transport {
     agent: ureq::Agent,
@@ -95,8 +117,15 @@ impl Transport {
             .max_idle_connections(2)
             .max_idle_connections_per_host(2)
             .build();
+        // The connector is ureq's own (TCP, then rustls); the resolver is ours: the server's
+        // address, never a lookup, so no resolver is linked (src/ip.rs says why).
+        let agent = ureq::Agent::with_parts(
+            config,
+            ureq::unversioned::transport::DefaultConnector::default(),
+            TheServer(parts.addr),
+        );
         let transport = Transport {
-            agent: config.into(),
+            agent,
             server: parts.server,
             ca_path: parts.ca_path,
             token: Mutex::new(Token::new(parts.token_path, parts.token, Instant::now())),
@@ -236,10 +265,6 @@ impl Transport {
                 phase: phase.to_string(),
                 op: op.clone(),
             },
-            U::HostNotFound => connect(
-                "the host name does not resolve; check KUBERNETES_SERVICE_HOST and the pod's DNS"
-                    .into(),
-            ),
             U::Rustls(tls) => connect(self.tls_problem(&tls)),
             U::Tls(what) => connect(format!("TLS: {what}")),
             U::Io(io) => {

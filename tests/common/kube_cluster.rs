@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use tfinit::kube::{Client, Config, Deadlines};
 
 use super::apiserver::{self, ApiServer};
@@ -70,6 +72,51 @@ impl Cluster {
 
     pub fn client(&self) -> Client {
         self.client_with(DEADLINES)
+    }
+
+    /// A pod's environment that makes its records go to this cluster's API with nothing set but
+    /// the service account (TFINIT_STORE left at `auto`): the kubelet's variables, the
+    /// service-account directory, and no usable state directory (a pod with no volume).
+    pub fn pod_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT", self.api.port.to_string()),
+            ("TFINIT_SERVICE_ACCOUNT_DIR", self.sa.display().to_string()),
+            ("TFINIT_STATE_DIR", "/nonexistent/tfinit-no-volume".into()),
+        ]
+    }
+
+    /// The records in tfinit's record Leases (the API's admin view), parsed.
+    pub fn record_leases(&self) -> Vec<Value> {
+        let path = format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{NS}/leases?labelSelector=tfinit.dev%2Fkind%3Drecord"
+        );
+        let (code, list) = self.api.call("GET", &path, None, "application/json");
+        assert_eq!(code, 200, "{list}");
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| {
+                serde_json::from_str(l["metadata"]["annotations"]["tfinit.dev/record"].as_str()?)
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// Waits (up to [`super::pods::STEP`]) until `owner`'s record Lease shows exactly
+    /// `in_progress`; returns that record.
+    pub fn wait_in_progress(&self, owner: &str, in_progress: &[&str]) -> Value {
+        super::wait_for(
+            super::pods::STEP,
+            &format!("{owner}'s record Lease with {in_progress:?} in progress"),
+            || {
+                self.record_leases().into_iter().find(|r| {
+                    r["owner"]["name"] == owner
+                        && r["in_progress"] == serde_json::json!(in_progress)
+                })
+            },
+        )
     }
 
     /// The codes the server answered, in order (0: lost).

@@ -262,18 +262,29 @@ impl Pod {
         super::read(&self.log)
     }
 
-    /// The pod dies at once (node loss): SIGKILL to its PID 1 takes the whole namespace down.
-    pub fn kill(&mut self) {
+    /// The pod's PID 1 (tfinit), as this process sees it.
+    pub fn pid1(&self) -> nix::unistd::Pid {
         let unshare = self.child.id();
         let children =
             fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
         let pid1: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid1),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
+        nix::unistd::Pid::from_raw(pid1)
+    }
+
+    /// Sends `sig` to the pod's PID 1 (SIGTERM: the kubelet's graceful termination).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid1(), sig).unwrap();
+    }
+
+    /// The pod dies at once (node loss): SIGKILL to its PID 1 takes the whole namespace down.
+    pub fn kill(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
         self.wait();
+    }
+
+    /// Whether the pod still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Waits for the pod to end (within [`STEP`]).
@@ -378,6 +389,25 @@ pub fn heartbeat_ms(state: &Path, owner: &str) -> u64 {
 /// with `extra` environment and the place's terraform.
 pub fn recover_by_hand(w: &Place, args: &[&str], extra: &[(&str, &str)]) -> Output {
     let mut c = Command::new(tfinit());
+    recover_by_hand_with(&mut c, w, args, extra)
+}
+
+/// `tfinit recover ARGS` by hand inside `pod`'s container (`kubectl exec`): in its mount, UTS and
+/// PID namespaces (its hostname, its node's boot id), with `extra` environment (the service
+/// account's, for the Lease store) and the place's terraform.
+pub fn recover_in_pod(w: &Place, pod: &Pod, args: &[&str], extra: &[(&str, &str)]) -> Output {
+    let mut c = Command::new("nsenter");
+    c.args(["-t", &pod.pid1().to_string(), "-m", "-u", "-p", "--"])
+        .arg(tfinit());
+    recover_by_hand_with(&mut c, w, args, extra)
+}
+
+fn recover_by_hand_with(
+    c: &mut Command,
+    w: &Place,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> Output {
     c.arg("recover")
         .args(args)
         .current_dir(&w.tmp.0)
@@ -393,7 +423,7 @@ pub fn recover_by_hand(w: &Place, args: &[&str], extra: &[(&str, &str)]) -> Outp
     for (k, v) in extra {
         c.env(k, v);
     }
-    super::run_output(&mut c, STEP)
+    super::run_output(c, STEP)
 }
 
 /// Every file under `dir`.

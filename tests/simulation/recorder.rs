@@ -132,6 +132,7 @@ async fn perform(
             Outcome::Opened {
                 passwd_user: None,
                 host: i.host.clone(),
+                location: "/state".into(),
                 result: Ok(held),
             }
         }),

@@ -70,6 +70,7 @@ pub(super) fn opened(t: Instant, table: Table) -> Completion {
         result: Ok(()),
         table: Some(table),
         passwd_user: None,
+        location: None,
         beat: Some(t),
         lock: None,
     }
@@ -118,6 +119,7 @@ pub(super) fn failed_open(t: Instant, records: Vec<Entry>) -> Completion {
         result: Err("No space left on device (os error 28)".into()),
         table: Some(table(t, records, vec![])),
         passwd_user: None,
+        location: None,
         beat: None,
         lock: None,
     }

@@ -91,6 +91,8 @@ pub struct View {
 #[derive(Debug)]
 pub struct Book {
     state: StoreState,
+    /// Where the records are, for messages: TFINIT_STATE_DIR until the store's opening says
+    /// which store TFINIT_STORE chose (the Leases of a namespace, or the directory).
     dir: String,
     me: Owner,
     ttl: Duration,
@@ -197,6 +199,14 @@ impl Book {
     /// Takes in what the recorder did, at `now`.
     pub fn on_completion(&mut self, c: Completion, now: Instant) -> Vec<Event> {
         let mut ev = Vec::new();
+        // Where the records are, as the opening says it (which store TFINIT_STORE chose): what
+        // every message about the store names from now on.
+        if let Completion::Opened {
+            location: Some(l), ..
+        } = &c
+        {
+            self.dir.clone_from(l);
+        }
         match c {
             Completion::Opened {
                 result: Ok(()),

@@ -176,7 +176,7 @@ impl Notice {
         let secs = |d: &Duration| fmt_duration(Duration::from_secs(d.as_secs()));
         match self {
             Notice::Enabled { dir, owner, incarnation } => format!(
-                "lock-owner records enabled (state_dir {dir}, owner {owner}, incarnation {incarnation})"
+                "lock-owner records enabled (store {dir}, owner {owner}, incarnation {incarnation})"
             ),
             Notice::DeadRecords { count, auto } => format!(
                 "lock-owner records of dead owners found ({count}): each is checked before the next state-locking run in its directory{}",

@@ -496,6 +496,7 @@ mod tests {
                 result: Ok(()),
                 table: Some(table(t, vec![], vec![])),
                 passwd_user: Some("app".into()),
+                location: None,
                 beat: Some(t),
                 lock: None,
             },

@@ -256,6 +256,7 @@ mod tests {
                 result: Err("the Kubernetes API has not answered yet".into()),
                 table: Some(tb),
                 passwd_user: None,
+                location: Some("no store yet (the Kubernetes API has not answered yet)".into()),
                 beat: None,
                 lock: None,
             }
@@ -266,6 +267,12 @@ mod tests {
             said.iter()
                 .any(|l| l.contains("can neither be written nor listed")
                     && l.contains("connection refused")),
+            "{said:?}"
+        );
+        // The messages name the store as its opening said it, not TFINIT_STATE_DIR.
+        assert!(
+            said.iter().all(|l| !l.contains("/state")
+                && l.contains("no store yet (the Kubernetes API has not answered yet)")),
             "{said:?}"
         );
         let x = RunId::from(1);

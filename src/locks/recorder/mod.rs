@@ -190,6 +190,9 @@ pub enum Completion {
         table: Option<Table>,
         /// Our uid's passwd user name.
         passwd_user: Option<String>,
+        /// Where the store is (which one TFINIT_STORE chose), for messages; None when no opening
+        /// was tried.
+        location: Option<String>,
         /// When the first heartbeat write (which succeeded) started: its age counts from then,
         /// not from this completion (the sweep and the scan came after it).
         beat: Option<Instant>,
@@ -246,6 +249,7 @@ impl Completion {
             result: Err(error),
             table: None,
             passwd_user: None,
+            location: None,
             beat: None,
             lock: None,
         }

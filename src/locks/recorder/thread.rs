@@ -258,6 +258,7 @@ fn perform(store: &dyn Store, me: &Owner, op: Op) -> Outcome {
             Outcome::Opened {
                 passwd_user,
                 host,
+                location: store.location(),
                 result,
             }
         }

@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | `file` | (not read) | (none sent) | TFINIT_STATE_DIR |
 //! | `auto` (default) | missing (not in a pod, no token) | (none sent) | TFINIT_STATE_DIR, one line saying why and the Role rule |
+//! | `auto` | a kubelet variable overridden (a host name, a bad port) | (none sent) | TFINIT_STATE_DIR, one warning saying why |
 //! | `auto` | there | 200 | the Leases of the namespace |
 //! | `auto` | there | 401, 403 | TFINIT_STATE_DIR, one line saying why and the Role rule |
 //! | `auto` | there | none (down, hung, 5xx, 429) | nowhere yet: the store has not answered (the `Unseen` rule), asked again at the next open |
@@ -20,10 +21,10 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::StoreSetting;
-use crate::kube::{Client, Config, Deadlines, ROLE_RULE};
+use crate::kube::{Client, Config, ConfigError, Deadlines, ROLE_RULE};
 use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
 
 use super::{Aside, Change, FileStore, KubeStore, RecordId, RecoveryLock, Store};
@@ -40,10 +41,32 @@ pub fn chosen(
     if setting == StoreSetting::File {
         return Box::new(FileStore::new(state_dir));
     }
-    let api = Config::in_cluster()
-        .map(|config| KubeStore::new(Client::new(config, Deadlines::default()), me, ttl))
-        .map_err(|e| e.to_string());
+    let api = match Config::in_cluster() {
+        Ok(config) => Ok(KubeStore::new(
+            Client::new(config, Deadlines::default()),
+            me,
+            ttl,
+        )),
+        // The kubelet sets both variables right in every pod: a value it never writes is an
+        // override gone wrong, a warning, not the quiet "not in a pod" of the files' line.
+        Err(e @ (ConfigError::NotAnIp { .. } | ConfigError::InvalidPort { .. }))
+            if setting == StoreSetting::Auto =>
+        {
+            tracing::warn!(state_dir = %state_dir.display(), "{}", files_instead(&e.to_string()));
+            return Box::new(FileStore::new(state_dir));
+        }
+        Err(e) => Err(e.to_string()),
+    };
     chosen_with(setting, state_dir, api)
+}
+
+/// The line that says records go to TFINIT_STATE_DIR with `auto`, and `why`.
+fn files_instead(why: &str) -> String {
+    format!(
+        "lock-owner records go to TFINIT_STATE_DIR: {why}. In a pod whose service account may list \
+         Leases in its namespace (a Role with the rule {ROLE_RULE}, bound by a RoleBinding), they \
+         go to the Kubernetes API and need no volume"
+    )
 }
 
 /// [`chosen`] with the Kubernetes store given (`api`), or why there is none.
@@ -59,12 +82,9 @@ pub fn chosen_with(
         (StoreSetting::Kubernetes, Err(e)) => Choice::Unusable(format!(
             "TFINIT_STORE=kubernetes, but the Kubernetes API cannot be found: {e}"
         )),
-        (StoreSetting::Auto, Ok(kube)) => Choice::Undecided(kube),
+        (StoreSetting::Auto, Ok(kube)) => Choice::Undecided(kube, None),
         (StoreSetting::Auto, Err(e)) => {
-            tracing::info!(
-                state_dir = %state_dir.display(),
-                "lock-owner records go to TFINIT_STATE_DIR: {e}. In a pod whose service account may list Leases in its namespace (a Role with the rule {ROLE_RULE}, bound by a RoleBinding), they go to the Kubernetes API and need no volume"
-            );
+            tracing::info!(state_dir = %state_dir.display(), "{}", files_instead(&e));
             return Box::new(file);
         }
     };
@@ -81,8 +101,9 @@ struct Chosen {
 }
 
 enum Choice {
-    /// `auto`, and the API has not answered yet.
-    Undecided(KubeStore),
+    /// `auto`, and the API has not answered yet; the last probe that got no answer: when it
+    /// ended, and its error.
+    Undecided(KubeStore, Option<(Instant, String)>),
     /// The Leases; the files too, for reading, when the state directory opened.
     Kube(KubeStore),
     /// Files only (`auto`, and the API refused the service account).
@@ -113,7 +134,7 @@ impl Chosen {
         match &*choice {
             Choice::Kube(k) => f(Target::Kube(k, self.file_readable().then_some(&self.file))),
             Choice::File => f(Target::File(&self.file)),
-            Choice::Undecided(_) => f(Target::Unanswered(match unanswered {
+            Choice::Undecided(..) => f(Target::Unanswered(match unanswered {
                 Some(e) => format!("the Kubernetes API has not answered yet: {e}"),
                 None => "the Kubernetes API has not answered yet".into(),
             })),
@@ -130,13 +151,22 @@ impl Chosen {
 /// Decides an `auto` store (`choice`) on the API's first answer; the error of an API that did
 /// not answer (the choice stays open).
 fn decide(choice: &mut Choice, file: &FileStore) -> io::Result<()> {
-    let Choice::Undecided(kube) = &*choice else {
+    let Choice::Undecided(kube, last) = choice else {
         return Ok(());
     };
+    // Each probe may take the client's whole budget (10 s) of a thread: the calls that follow a
+    // probe with no answer (the opening's listing, a helper's reads) take its answer instead of
+    // sending again, for a while.
+    if let Some((at, e)) = last.as_ref().filter(|(at, _)| at.elapsed() < PROBE_EVERY) {
+        return Err(none(format!(
+            "{e} (asked {:.1}s ago)",
+            at.elapsed().as_secs_f64()
+        )));
+    }
     match kube.open(Duration::ZERO) {
         Ok(()) => {
             tracing::info!(store = %kube.location(), "lock-owner records go to the Kubernetes API");
-            if let Choice::Undecided(kube) = std::mem::replace(choice, Choice::File) {
+            if let Choice::Undecided(kube, _) = std::mem::replace(choice, Choice::File) {
                 *choice = Choice::Kube(kube);
             }
             Ok(())
@@ -150,9 +180,16 @@ fn decide(choice: &mut Choice, file: &FileStore) -> io::Result<()> {
             Ok(())
         }
         // Down, hung, shedding load: a store that has not answered yet, as a hung volume.
-        Err(e) => Err(e),
+        Err(e) => {
+            *last = Some((Instant::now(), e.to_string()));
+            Err(e)
+        }
     }
 }
+
+/// How long the answer of a probe that got none stands for the API's (the recorder tries the
+/// opening again every TTL/3, so a probe goes out at least that often).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
 
 fn none(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, why)

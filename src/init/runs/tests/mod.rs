@@ -91,6 +91,7 @@ fn opened(t: Instant, records: Vec<Entry>) -> Completion {
         result: Ok(()),
         table: Some(table(t, records)),
         passwd_user: None,
+        location: None,
         beat: Some(t),
         lock: None,
     }

@@ -109,6 +109,9 @@ pub enum Outcome {
         passwd_user: Option<String>,
         /// The hostname.
         host: String,
+        /// Where the store is, as it says after the opening (`Store::location`: which store
+        /// TFINIT_STORE chose, for the loop's messages).
+        location: String,
         /// The store is prepared (and the lock file as taken), or why not.
         result: Result<Held, String>,
     },
@@ -225,7 +228,8 @@ enum Doing {
 pub struct Machine {
     me: Owner,
     ttl: Duration,
-    /// The store, for messages.
+    /// The store, for messages: as the last opening said (TFINIT_STORE's choice), at first as
+    /// the thread was given it.
     location: String,
     open: bool,
     passwd_user: Option<String>,
@@ -339,11 +343,13 @@ impl Machine {
                 Outcome::Opened {
                     passwd_user,
                     host,
+                    location,
                     result,
                 },
             ) => {
                 self.passwd_user = passwd_user;
                 self.host = host;
+                self.location = location;
                 match result {
                     Ok(held) => {
                         let lock = match held {

@@ -162,6 +162,7 @@ impl Machine {
                     result,
                     table: Some(table),
                     passwd_user: self.passwd_user.clone(),
+                    location: Some(self.location.clone()),
                     lock: lock.filter(|_| self.open),
                 };
                 // Another failure is news nobody waits for: an idle init wakes for it only once.

@@ -20,15 +20,16 @@ fn at(t0: Instant, ms: u64) -> Now {
     }
 }
 
-/// A machine whose store opened at `t0` (no records), with its messages taken.
-fn opened(t0: Instant) -> Machine {
+/// A new machine driven through its store's opening at `now` (first heartbeat, tidying) up to
+/// the opening scan's listing, which it asks for.
+fn up_to_listing(now: Now) -> Machine {
     let mut m = Machine::new(me(), TTL, "test".into());
-    let now = at(t0, 0);
     assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
     m.finished(
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::NoFile),
         },
         now,
@@ -38,6 +39,13 @@ fn opened(t0: Instant) -> Machine {
     assert!(matches!(m.next(now), Next::Do(Op::Tidy { .. })));
     m.finished(Outcome::Tidied, now);
     assert_eq!(m.next(now), Next::Do(Op::List));
+    m
+}
+
+/// A machine whose store opened at `t0` (no records), with its messages taken.
+fn opened(t0: Instant) -> Machine {
+    let now = at(t0, 0);
+    let mut m = up_to_listing(now);
     m.finished(
         Outcome::Listed {
             records: Vec::new(),
@@ -221,6 +229,7 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
             Outcome::Opened {
                 passwd_user: None,
                 host: "h".into(),
+                location: "test-store".into(),
                 result: Err("read-only file system".into()),
             },
             now,
@@ -291,6 +300,7 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::File(None, id)),
         },
         now,
@@ -334,6 +344,7 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Ok(Held::Failed),
         },
         retry,
@@ -558,23 +569,8 @@ fn opening_table(
 ) -> crate::locks::recorder::Table {
     use crate::locks::record::Owner;
     use crate::locks::recorder::Entry;
-    let t0 = Instant::now();
-    let now = at(t0, 0);
-    let mut m = Machine::new(me(), TTL, "test".into());
-    assert!(matches!(m.next(now), Next::Do(Op::Open { .. })));
-    m.finished(
-        Outcome::Opened {
-            passwd_user: None,
-            host: "h".into(),
-            result: Ok(Held::NoFile),
-        },
-        now,
-    );
-    assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
-    m.finished(Outcome::Wrote(Ok(())), now);
-    assert!(matches!(m.next(now), Next::Do(Op::Tidy { .. })));
-    m.finished(Outcome::Tidied, now);
-    assert_eq!(m.next(now), Next::Do(Op::List));
+    let now = at(Instant::now(), 0);
+    let mut m = up_to_listing(now);
     let other = Owner {
         name: "pod-b".into(),
         ..me()
@@ -652,6 +648,7 @@ fn a_listing_with_no_answer_reaches_the_loop_as_unlisted() {
         Outcome::Opened {
             passwd_user: None,
             host: "h".into(),
+            location: "test-store".into(),
             result: Err("the Kubernetes API has not answered yet".into()),
         },
         now,

@@ -3,8 +3,10 @@
 //! [`FileStore`] in TFINIT_STATE_DIR, and [`KubeStore`] in Leases of the pod's namespace
 //! (`kube/`: its objects and what each API answer does are documented there).
 //!
-//! The file store's layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
-//! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
+//! The file store's layout: `records/<owner>.<incarnation>.json`, every record of one incarnation
+//! (its state-locking runs in flight, or killed: one atomic write per batch of the recorder,
+//! `incarnation/`), the first layout's `records/<owner>.<incarnation>.<run>.json` still read, and
+//! `owners/<owner>.<incarnation>.json`, each incarnation's heartbeat;
 //! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
 //! long as the volume takes: only the recorder thread and helper processes call it, never the
@@ -15,7 +17,8 @@
 //! they are regular files (`fsio.rs`'s `open_regular`), so no entry can block a reader or steer it
 //! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
 //!
-//! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
+//! Files: `file.rs` ([`FileStore`]), `incarnation/` (its records, a file per incarnation),
+//! `fsio.rs` (the file system calls), `kernel.rs` (what a
 //! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use),
 //! `kube/` ([`KubeStore`]), `choose.rs` (which one TFINIT_STORE picks: [`chosen`]).
 

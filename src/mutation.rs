@@ -47,6 +47,9 @@ pub enum Guard {
     /// recover/ `read_beat`) and makes a recovery's evidence incomplete (recover/evidence.rs
     /// `window`); off: it counts as "no heartbeat", as before issue 24.
     UnansweredRead,
+    /// A recovery whose right must be renewed (the Kubernetes store's recovery Lease) releases
+    /// nothing once the right may have lapsed (`RecoveryLock::held`, recover/mod.rs).
+    RecoveryHeld,
 }
 
 #[cfg(feature = "mutation")]

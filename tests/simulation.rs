@@ -53,6 +53,8 @@
 //!   died meanwhile. Faults, on the volume or on one node's mount: hangs (operations complete
 //!   after the hang), failing writes while reads work (ENOSPC), writes that land but report an
 //!   error (the rename done, the directory fsync failed), slowness.
+//! - Or (half the schedules; foci `leases`, `unanswered`, `lease-crowd`) the Lease store: `api.rs`
+//!   (an API server and its faults), `lease_store.rs` (`KubeStore`), `recovery_lease.rs`.
 //! - Working directories `/tf/w<n>` and the states their backends name: a directory may be a
 //!   symbolic link to another, or name the same backend key (two directories, one state); one's
 //!   key may come from the environment (tfinit cannot tell its state from another's).
@@ -134,6 +136,8 @@
 //! with the guard on (docs/reliability.md, "Mutation check"). A helper that watches four TTLs
 //! must fail the progress check. A seed must replay exactly.
 
+#[path = "simulation/api.rs"]
+mod api;
 #[path = "simulation/backend.rs"]
 mod backend;
 #[path = "simulation/check.rs"]
@@ -144,6 +148,8 @@ mod exec;
 mod helper;
 #[path = "simulation/init.rs"]
 mod init;
+#[path = "simulation/lease_store.rs"]
+mod lease_store;
 #[path = "simulation/legacy.rs"]
 mod legacy;
 #[path = "simulation/legacy_recorder.rs"]
@@ -152,6 +158,8 @@ mod legacy_recorder;
 mod pods;
 #[path = "simulation/recorder.rs"]
 mod recorder;
+#[path = "simulation/recovery_lease.rs"]
+mod recovery_lease;
 #[path = "simulation/rng.rs"]
 mod rng;
 #[path = "simulation/schedule.rs"]
@@ -178,11 +186,12 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
         }
         Spawn::Recorder(inc) => Box::pin(recorder::run(sim, inc)),
         Spawn::Helper(h) => Box::pin(helper::run(sim, h)),
+        Spawn::Renewer(h) => Box::pin(recovery_lease::renewer(sim, h)),
     }
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 11] = [
+const FOCI: [(Focus, &str); 14] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -194,10 +203,13 @@ const FOCI: [(Focus, &str); 11] = [
     (Focus::Wording, "wording"),
     (Focus::Invisible, "invisible"),
     (Focus::Crowd, "crowd"),
+    (Focus::Leases, "leases"),
+    (Focus::Unanswered, "unanswered"),
+    (Focus::LeaseCrowd, "lease-crowd"),
 ];
 
 /// Each safety guard by its name in TFINIT_SIM_OFF (the mutation check turns one off).
-const GUARDS: [(Guard, &str); 13] = [
+const GUARDS: [(Guard, &str); 14] = [
     (Guard::Watch, "watch"),
     (Guard::Fence, "fence"),
     (Guard::FreshHeartbeat, "fresh-heartbeat"),
@@ -211,6 +223,7 @@ const GUARDS: [(Guard, &str); 13] = [
     (Guard::LiveRuns, "live-runs"),
     (Guard::Wordings, "wordings"),
     (Guard::UnansweredRead, "unanswered-read"),
+    (Guard::RecoveryHeld, "recovery-held"),
 ];
 
 /// Today's rules, every knob at random, within the design's assumptions.
@@ -700,6 +713,13 @@ mutant!(
     Focus::TwoHelpers,
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
+);
+mutant!(
+    mutant_recovery_held,
+    Guard::RecoveryHeld,
+    Focus::LeaseCrowd,
+    2_000,
+    "Safety(UnlockRace)"
 );
 mutant!(
     mutant_wordings,

@@ -21,8 +21,10 @@ pub const FORWARD: Duration = Duration::from_millis(500);
 /// How long `tfinit status` may take to answer.
 pub const STATUS: Duration = Duration::from_secs(1);
 /// The most the init may take to exit after the last process: its wait for queued writes
-/// (at most 1 s), plus 0.3 s for this test to see the process gone.
-pub const GONE: f64 = 1.3;
+/// (at most 1 s), plus 1 s for its teardown and for this test to see it gone on a loaded
+/// machine (a CI-like run at load average 9 saw 1.31 s: "tfinit exiting" at 1.012 s). An init
+/// that waited for the hung volume would take 20 s and more: the bound still tells them apart.
+pub const GONE: f64 = 2.0;
 /// Bound for steps that take seconds on a slow volume (opening it at 1 s per operation).
 pub const SLOW_STEP: Duration = Duration::from_secs(90);
 /// The message of a run whose record did not land in time.
@@ -265,7 +267,7 @@ impl FusePod {
         while !self.init.exited() {
             assert!(
                 now_unix() < last + GONE,
-                "the init still runs {:.2}s after {what}; it must be gone within 1 s. Log:\n{}",
+                "the init still runs {:.2}s after {what}; it must be gone within its 1 s wait for writes (and {GONE} s in all). Log:\n{}",
                 now_unix() - last,
                 self.init.log_tail()
             );

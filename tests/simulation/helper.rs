@@ -27,7 +27,9 @@ use tfinit::mutation::{self, Guard};
 
 use super::backend::{probe, unlock, Probe};
 use super::exec::{list, read_heartbeat, read_heartbeat_by_name, Sim, WaitFor};
+use super::lease_store;
 use super::legacy;
+use super::recovery_lease;
 use super::world::{workdir_path, BookSide, Ms, Rules, Tf, World};
 
 /// How often the helper re-reads a heartbeat it watches (recover/mod.rs: WATCH_EVERY).
@@ -58,6 +60,11 @@ pub async fn run(sim: Rc<Sim>, h: usize) {
     match rules {
         Rules::New => new_helper(&sim, h).await,
         Rules::Legacy => legacy_helper(&sim, h).await,
+    }
+    // The recovery Lease, if it holds it, is deleted as the recovery ends.
+    if sim.with(|w| w.cfg.leases && w.helpers[h].alive) {
+        let node = sim.with(|w| w.helpers[h].node);
+        recovery_lease::release(&sim, h, node).await;
     }
     sim.with(|w| w.helper_exit(h));
 }
@@ -132,7 +139,15 @@ async fn new_helper(sim: &Sim, h: usize) {
     if mutation::on(Guard::RecoverLock) && !lock_recovery(sim, h).await {
         return;
     }
-    let found = list(sim, c.node).await;
+    let found = if sim.with(|w| w.cfg.leases) {
+        // The list, and the unreadable record Leases in it set aside (`set_aside_corrupt`).
+        let mut kube = lease_store::Client::new(c.node);
+        let (found, bad) = kube.records(sim).await.unwrap_or_default();
+        kube.set_aside(sim, &bad).await;
+        found
+    } else {
+        list(sim, c.node).await
+    };
     for (id, rec) in &found {
         if !sim.with(|w| c.covers(w, rec)) {
             continue;
@@ -155,7 +170,7 @@ async fn watch(sim: &Sim, c: &Ctx, observer: &mut Observer, records: &[Rc<Record
         observer.stated(&r.owner.key(), r.owner_ttl());
     }
     let hosts: Vec<&str> = records.iter().map(|r| who_host(&r.who)).collect();
-    for hb in heartbeats(sim, c.node).await {
+    for hb in heartbeats(sim, c.node).await.unwrap_or_default() {
         if !hb.host.is_empty() && hosts.contains(&hb.host.as_str()) {
             add(&hb.owner);
         }
@@ -195,12 +210,16 @@ async fn watch(sim: &Sim, c: &Ctx, observer: &mut Observer, records: &[Rc<Record
     }
 }
 
-/// One read of `owner`'s heartbeat, fed to `observer`; returns when it started (simulated time).
+/// One read of `owner`'s heartbeat, fed to `observer` when the store answered (recover/mod.rs
+/// `read_beat`: a read with no answer is no observation); returns when it started (simulated
+/// time).
 async fn read_beat(sim: &Sim, c: &Ctx, observer: &mut Observer, owner: &Owner) -> Ms {
     let (start, started) = sim.with(|w| (w.now, w.mono(c.node)));
-    let token = read_heartbeat(sim, c.node, owner)
-        .await
-        .map(|h| Token::of(&h));
+    let token = match read_heartbeat(sim, c.node, owner).await {
+        Ok(hb) => hb.as_ref().map(Token::of),
+        Err(_) if mutation::on(Guard::UnansweredRead) => return start,
+        Err(_) => None,
+    };
     let done = sim.with(|w| w.mono(c.node));
     observer.saw(&owner.key(), token, started, done);
     start
@@ -209,7 +228,7 @@ async fn read_beat(sim: &Sim, c: &Ctx, observer: &mut Observer, owner: &Owner) -
 /// What the kernel says of `owner`'s lock file (recover/mod.rs: `kernel`): its heartbeat, read now,
 /// and the store's one rule (`kernel_proof_with`) on this node's kernel.
 async fn kernel(sim: &Sim, c: &Ctx, owner: &Owner) -> Option<bool> {
-    let hb = read_heartbeat(sim, c.node, owner).await;
+    let hb = read_heartbeat(sim, c.node, owner).await.ok().flatten();
     sim.with(|w| {
         kernel_proof_with(&c.me, owner, hb.as_ref(), |file| {
             w.incarnation_gone_at(c.node, owner, file, w.now)
@@ -297,6 +316,17 @@ async fn one(
         Decision::Ambiguous(d) => return outcome("ambiguous at the re-check", d),
         Decision::Unlock => outcome("unlock", why.clone()),
     }
+    // A right to recover that must be renewed (the recovery Lease) and may have lapsed: nothing
+    // is released (`RecoveryLock::held`).
+    if mutation::on(Guard::RecoveryHeld)
+        && mutation::on(Guard::RecoverLock)
+        && sim.with(|w| w.cfg.leases && !recovery_lease::held(w, c.h, c.node))
+    {
+        return outcome(
+            "the right to recover was not renewed in time",
+            String::new(),
+        );
+    }
     let judged = Judged {
         helper: c.h,
         rec: Rc::clone(rec),
@@ -321,7 +351,14 @@ async fn window(
     all: &[(u64, Rc<Record>)],
 ) -> Window {
     let skew = CLOCK_SKEW.as_millis() as u64;
-    let hb = read_heartbeat(sim, c.node, &rec.owner).await;
+    // recover/evidence.rs: evidence the store gave no answer for leaves the lock alone.
+    let mut unread = Vec::new();
+    let hb = read_heartbeat(sim, c.node, &rec.owner)
+        .await
+        .unwrap_or_else(|e| {
+            unread.push(format!("the heartbeat of owner {} ({e})", rec.owner.name));
+            None
+        });
     let state = sim.with(|w| w.state_of(&rec.workdir, &rec.workspace));
     // Another run whose record is here, on a state that may be this one (whatever directory it
     // works in), with the same Who, that may be alive.
@@ -341,7 +378,10 @@ async fn window(
     // recover/evidence.rs: any tfinit that may be alive on the host the lock's Who names (its
     // runs, with records or not, lock as that Who): every heartbeat file, then (unless that check
     // is turned off) a liveness read of each one on that host, in order, until one may be alive.
-    let beats = heartbeats(sim, c.node).await;
+    let beats = heartbeats(sim, c.node).await.unwrap_or_else(|e| {
+        unread.push(format!("the heartbeats of the tfinits ({e})"));
+        Vec::new()
+    });
     let host = who_host(&info.who).to_string();
     let mut first_alive = None;
     for hb in beats.iter().filter(|_| mutation::on(Guard::LiveOnHost)) {
@@ -377,22 +417,28 @@ async fn window(
         not_before_ms: rec.started_ms.saturating_sub(skew),
         not_after_ms: last_alive_ms(&Facts::of(rec), hb.as_ref(), judged_by).saturating_add(skew),
         live_same_who: twin.or(on_host).or(live),
-        // The simulated volume answers every read.
-        unread: None,
+        unread: (!unread.is_empty() && mutation::on(Guard::UnansweredRead))
+            .then(|| unread.join("; ")),
     }
 }
 
 /// Every heartbeat file of today's format, as `Store::heartbeats` lists them.
-async fn heartbeats(sim: &Sim, node: usize) -> Vec<Heartbeat> {
-    sim.read(node, |w| {
-        w.store
-            .beats
-            .iter()
-            .filter_map(|(k, v)| v.last().filter(|b| b.hb.v == 2 && b.hb.owner.key() == *k))
-            .map(|b| (*b.hb).clone())
-            .collect()
-    })
-    .await
+async fn heartbeats(sim: &Sim, node: usize) -> Result<Vec<Heartbeat>, String> {
+    if sim.with(|w| w.cfg.leases) {
+        return lease_store::Client::new(node).heartbeats(sim, None).await;
+    }
+    let beats = sim
+        .read(node, |w| {
+            w.store
+                .beats
+                .iter()
+                .filter_map(|(k, v)| v.last().filter(|b| b.hb.v == 2 && b.hb.owner.key() == *k))
+                .map(|b| (*b.hb).clone())
+                .collect::<Vec<_>>()
+        })
+        .await;
+    // The simulated volume answers every read.
+    Ok(beats)
 }
 
 /// recover/evidence.rs `window`'s live-run check: a live run of the helper's own init (as it was
@@ -539,6 +585,13 @@ async fn legacy_one(sim: &Sim, c: &Ctx, id: u64, rec: &Rc<Record>, all: &[(u64, 
 
 /// Takes `recover.lock`, waiting up to LOCK_WAIT; false when it did not come.
 async fn lock_recovery(sim: &Sim, h: usize) -> bool {
+    if sim.with(|w| w.cfg.leases) {
+        let (node, me, ttl) = sim.with(|w| {
+            let x = &w.helpers[h];
+            (x.node, x.me.key(), Duration::from_millis(x.ttl))
+        });
+        return recovery_lease::take(sim, h, node, &me, ttl, LOCK_WAIT).await;
+    }
     let deadline = sim.with(|w| {
         if w.store.recover_holder.is_none() {
             w.store.recover_holder = Some(h);
@@ -562,6 +615,10 @@ async fn lock_recovery(sim: &Sim, h: usize) -> bool {
 
 /// Removes record `id` (after Free, NotOurs, Unlocked).
 async fn remove(sim: &Sim, c: &Ctx, id: u64) {
+    if sim.with(|w| w.cfg.leases) {
+        let _ = lease_store::Client::new(c.node).remove(sim, id).await;
+        return;
+    }
     let _ = sim
         .write(c.node, move |w| {
             w.store.records.remove(&id);

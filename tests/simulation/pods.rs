@@ -65,6 +65,12 @@ pub enum EnvEv {
     /// `owners/` is restored from a backup: every incarnation lock file is replaced by a copy (a
     /// new inode, flocked by nobody) while its holders keep the old one.
     RestoreOwners,
+    /// A person deletes one tfinit Lease (or, `garbage`, edits it into something unreadable),
+    /// of an owner none of whose Leases was touched yet (the Lease store).
+    Hand {
+        /// Edited into garbage rather than deleted.
+        garbage: bool,
+    },
     /// A fault, a freeze, a clock step or the calm phase, listed for the replay.
     Note(String),
 }
@@ -265,6 +271,7 @@ impl World {
                     "owners/ restored from a backup: every lock file is a new, free copy".into()
                 });
             }
+            EnvEv::Hand { garbage } => self.hand(garbage),
             EnvEv::Note(_) => {}
         }
     }

@@ -18,6 +18,7 @@ use tfinit::locks::recorder::Entry;
 use tfinit::locks::store::{kernel_proof_with, Change};
 
 use super::exec::{list, Sim, WaitFor};
+use super::lease_store;
 use super::world::{
     record_path, Comp, Ev, LockFile, LoopEv, Ms, Stored, StoredBeat, World, VOLUME_DEV,
 };
@@ -30,6 +31,9 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
     // The id of each record this incarnation wrote, by run (the real store names a record by its
     // owner and run).
     let mut ids: HashMap<String, u64> = HashMap::new();
+    // On the Lease store: `KubeStore` (`lease_store.rs`) instead of the volume.
+    let leases = sim.with(|w| w.cfg.leases);
+    let mut kube = lease_store::Client::new(node);
     loop {
         for r in sim.with(|w| std::mem::take(&mut w.incs[inc].requests)) {
             machine.request(r);
@@ -38,7 +42,11 @@ pub async fn run(sim: Rc<Sim>, inc: usize) {
         flush(&sim, inc, &mut machine);
         match next {
             Next::Do(op) => {
-                let outcome = perform(&sim, (inc, node, &me), &mut ids, op).await;
+                let outcome = if leases {
+                    lease_store::perform(&sim, (inc, node, &me), &mut kube, &mut ids, op).await
+                } else {
+                    perform(&sim, (inc, node, &me), &mut ids, op).await
+                };
                 machine.finished(outcome, now(&sim, node));
             }
             Next::Wait(until) => {

@@ -69,6 +69,16 @@ pub enum Focus {
     /// records (recovered at once, by several pods' helpers): two recoveries at the same lock
     /// (what `recover.lock` is for).
     Crowd,
+    /// Every schedule on the Lease store, every fault of the API (down, slow, 429, lost
+    /// answers) and Leases deleted or garbled by hand.
+    Leases,
+    /// The Lease store with an API that does not answer for a while, the whole API's or one
+    /// node's (reads and writes time out), and nothing else.
+    Unanswered,
+    /// [`Focus::Crowd`] on the Lease store, one node's writes refused for a while (429): a
+    /// helper's renewals of the recovery Lease fail while its reads work, and another helper
+    /// takes the Lease (what `RecoveryLock::held` is for).
+    LeaseCrowd,
 }
 
 /// Builds the world of `seed`.
@@ -79,7 +89,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         12..=16 => 6_000,
         _ => 30_000,
     };
-    let horizon = ttl * r.range(3, o.max_ttls.max(3));
+    let mut horizon = ttl * r.range(3, o.max_ttls.max(3));
     // Swarm knobs.
     let mut skew = r.chance(500);
     let mut steps = skew && r.chance(500);
@@ -110,7 +120,12 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let mut progress_forced = false;
     let mut tf_mode = if new { r.below(3) } else { 0 };
     match o.focus {
-        Focus::None => {}
+        Focus::None | Focus::Leases | Focus::Unanswered => {}
+        Focus::LeaseCrowd => {
+            horizon += 30_000;
+            (skew, steps, vol_faults, node_faults) = (false, false, false, true);
+            (restarts, replacements, naming, ooms) = (false, false, PodKind::Deployment, true);
+        }
         Focus::Skew => {
             (skew, steps, vol_faults, node_faults) = (true, false, false, false);
             (restarts, replacements, naming) = (false, false, PodKind::Deployment);
@@ -157,11 +172,36 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             (restarts, replacements, naming, manual) = (true, false, PodKind::Deployment, true);
         }
     }
+    // The store: the Lease store in about half of today's schedules, drawn apart from the rest
+    // so that the file store's schedules stay what they were (the foci tuned for a volume keep
+    // it).
+    let mut lr = Rng::new(seed ^ 0x001e_a5e5_570e);
+    let leases = new
+        && match o.focus {
+            Focus::None => lr.chance(500),
+            Focus::Leases | Focus::Unanswered | Focus::LeaseCrowd => true,
+            _ => false,
+        };
+    match o.focus {
+        Focus::Leases => {
+            (vol_faults, node_faults, restarts, replacements) = (true, true, true, true);
+            manual = true;
+        }
+        Focus::Unanswered => {
+            // Room for requests that go unanswered for the client's 10 s and more.
+            horizon += 40_000;
+            (skew, steps, vol_faults, node_faults) = (false, false, lr.chance(300), true);
+            (restarts, replacements, naming, manual) = (true, true, PodKind::Deployment, true);
+        }
+        _ => {}
+    }
+    let lost_replies = lost_replies || o.focus == Focus::Leases;
+    let crowd_like = matches!(o.focus, Focus::Crowd | Focus::LeaseCrowd);
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
     let n_dirs = match (aliases, o.focus) {
-        (_, Focus::Crowd) => 1,
+        (_, Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd) => 1,
         (true, _) => r.range(2, 3) as u8,
         (false, _) => r.range(1, 2) as u8,
     };
@@ -210,11 +250,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         record_timeout: r.range(ttl / 3, ttl),
         workdirs: n_dirs,
         dirs,
-        workspaces: if r.chance(200) && o.focus != Focus::Crowd {
-            2
-        } else {
-            1
-        },
+        workspaces: if r.chance(200) && !crowd_like { 2 } else { 1 },
         probe_unknown: if unknown { 200 } else { 0 },
         calm_at: horizon,
         end_at: horizon + ttl,
@@ -222,6 +258,13 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         dead_verdicts: o.dead_verdicts,
         helper_ttl_factor: o.helper_ttl_factor,
         max_ppm,
+        leases,
+        // With the API unanswering, a slow request outlives the client's deadline half the time.
+        slow_max: if o.focus == Focus::Unanswered {
+            40_000
+        } else {
+            ttl
+        },
     };
     let mut w = World::new(cfg, Rng::new(r.next_u64()));
     let n_nodes = r.range(2, 3) as usize;
@@ -245,7 +288,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         });
     }
     let mut env: Vec<(Ms, EnvEv)> = Vec::new();
-    let n_pods = if o.focus == Focus::Crowd {
+    let n_pods = if crowd_like {
         3
     } else {
         r.range(2, 3) as usize
@@ -295,7 +338,11 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let n_req = (horizon / (ttl / 2)).max(2) * if o.focus == Focus::Crowd { 4 } else { 1 };
+    let crowd = matches!(
+        o.focus,
+        Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd
+    );
+    let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
         let workdir = r.below(w.cfg.workdirs as u64) as u8;
@@ -360,6 +407,9 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     }
     let fault = |w: &mut World, r: &mut Rng, node: Option<usize>| {
         let kind = match r.below(100) {
+            _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
+            _ if o.focus == Focus::Unanswered => FaultKind::Slow,
+            _ if o.focus == Focus::LeaseCrowd => FaultKind::FailWrites,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -369,7 +419,11 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
             _ => FaultKind::Hang,
         };
         let len = match kind {
+            // Long enough for reads to go unanswered past the client's 10 s budget.
+            FaultKind::Hang if o.focus == Focus::Unanswered => r.range(ttl, 3 * ttl) + 10_000,
             FaultKind::Hang => r.range(ttl / 4, 2 * ttl),
+            // Long enough for a recovery Lease to lapse under a helper at work.
+            FaultKind::FailWrites if o.focus == Focus::LeaseCrowd => r.range(2 * ttl, 4 * ttl),
             FaultKind::FailWrites => r.range(ttl / 3, 3 * ttl),
             FaultKind::Slow => r.range(ttl / 2, 3 * ttl),
             FaultKind::LostReply => r.range(ttl / 4, ttl),
@@ -389,9 +443,17 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if node_faults {
-        for _ in 0..r.range(1, 2) {
+        let most = if o.focus == Focus::LeaseCrowd { 6 } else { 2 };
+        for _ in 0..r.range(1, most) {
             let n = r.pick(n_nodes);
             fault(&mut w, &mut r, Some(n));
+        }
+    }
+    // People at work on the Leases: deletes and edits by hand, before the calm phase.
+    if leases && (o.focus == Focus::Leases || lr.chance(300)) {
+        for _ in 0..lr.range(1, 3) {
+            let garbage = lr.chance(500);
+            env.push((lr.range(ttl / 2, horizon), EnvEv::Hand { garbage }));
         }
     }
     if freezes {
@@ -573,8 +635,9 @@ pub fn describe(w: &World) -> String {
     let c = &w.cfg;
     let _ = writeln!(
         s,
-        "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}",
-        c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress
+        "rules {:?}, TTL {} ms, record timeout {} ms, {} workdir(s) x {} workspace(s), probes unknown {}/1000, max clock rate difference {} ppm, calm from {} ms, end {} ms, progress checked: {}, store: {}",
+        c.rules, c.ttl, c.record_timeout, c.workdirs, c.workspaces, c.probe_unknown, c.max_ppm, c.calm_at, c.end_at, c.progress,
+        if c.leases { "Leases (faults are the API's)" } else { "a state volume" }
     );
     for (i, d) in c.dirs.iter().enumerate() {
         let _ = writeln!(

@@ -71,6 +71,12 @@ pub struct Cfg {
     pub helper_ttl_factor: u32,
     /// Largest rate difference of a node's monotonic clock, ppm.
     pub max_ppm: i64,
+    /// The records and heartbeats are Leases of the API server (`api.rs`, `lease_store.rs`), not
+    /// files of a state volume: no kernel proof, no `recover.lock` (the recovery Lease instead).
+    pub leases: bool,
+    /// The most a slow volume or API adds to an operation (the TTL; more where requests must
+    /// time out).
+    pub slow_max: Ms,
 }
 
 /// A working directory `/tf/w<n>`.
@@ -491,6 +497,8 @@ pub enum Spawn {
     Recorder(usize),
     /// A recovery helper.
     Helper(usize),
+    /// The thread of helper n that renews its recovery Lease.
+    Renewer(usize),
 }
 
 /// Everything simulated.
@@ -517,8 +525,12 @@ pub struct World {
     pub holders: Vec<usize>,
     /// Recovery helpers.
     pub helpers: Vec<Helper>,
-    /// The state volume.
+    /// The state volume (or what the Leases hold: `api.rs`).
     pub store: Store,
+    /// The API server's Leases (a schedule on the Lease store).
+    pub api: super::api::Api,
+    /// Each helper's recovery Lease, while it holds it (`recovery_lease.rs`).
+    pub rights: BTreeMap<usize, super::recovery_lease::Right>,
     /// terraform's backend locks, by (state, workspace).
     pub locks: BTreeMap<LockKey, Lock>,
     /// Next lock id.
@@ -571,6 +583,8 @@ impl World {
             holders: Vec::new(),
             helpers: Vec::new(),
             store: Store::default(),
+            api: Default::default(),
+            rights: BTreeMap::new(),
             locks: BTreeMap::new(),
             next_lock: 1,
             next_record: 1,
@@ -662,7 +676,7 @@ impl World {
         self.nodes[n].wall(self.now)
     }
 
-    fn faulty(&self, node: usize, t: Ms, kind: FaultKind) -> Option<&Fault> {
+    pub fn faulty(&self, node: usize, t: Ms, kind: FaultKind) -> Option<&Fault> {
         self.faults
             .iter()
             .find(|f| f.kind == kind && f.from <= t && t < f.to && f.node.is_none_or(|n| n == node))
@@ -676,17 +690,7 @@ impl World {
 
     /// [`World::op_timing`] for an operation that will start at `now` (the next of a sequence).
     pub fn op_timing_from(&mut self, node: usize, now: Ms) -> (Ms, Ms) {
-        let calm = now >= self.cfg.calm_at;
-        let mut lat = match self.rng.below(100) {
-            0..=89 => self.rng.range(1, 15),
-            90..=98 => self.rng.range(15, CALM_OP_MAX),
-            _ if calm => self.rng.range(15, CALM_OP_MAX),
-            _ => self.rng.range(CALM_OP_MAX, 2000),
-        };
-        if self.faulty(node, now, FaultKind::Slow).is_some() {
-            lat += self.rng.range(100, self.cfg.ttl);
-        }
-        let mut done = now + lat;
+        let mut done = now + self.latency(node, now);
         let hang_end = self
             .faults
             .iter()
@@ -701,7 +705,34 @@ impl World {
         if let Some(end) = hang_end {
             done = done.max(end + self.rng.range(1, 50));
         }
-        let at = if done - now <= 20 {
+        (self.moment(now, done), done)
+    }
+
+    /// An operation's timing from `node` starting at `now`, slowness counted, hangs not (the
+    /// API's model decides what a hang does: `api.rs`).
+    pub fn op_timing_plain(&mut self, node: usize, now: Ms) -> (Ms, Ms) {
+        let done = now + self.latency(node, now);
+        (self.moment(now, done), done)
+    }
+
+    /// How long an operation from `node` starting at `now` takes (a slow volume or API counted).
+    fn latency(&mut self, node: usize, now: Ms) -> Ms {
+        let calm = now >= self.cfg.calm_at;
+        let mut lat = match self.rng.below(100) {
+            0..=89 => self.rng.range(1, 15),
+            90..=98 => self.rng.range(15, CALM_OP_MAX),
+            _ if calm => self.rng.range(15, CALM_OP_MAX),
+            _ => self.rng.range(CALM_OP_MAX, 2000),
+        };
+        if self.faulty(node, now, FaultKind::Slow).is_some() {
+            lat += self.rng.range(100, self.cfg.slow_max);
+        }
+        lat
+    }
+
+    /// When an operation from `now` to `done` takes effect.
+    fn moment(&mut self, now: Ms, done: Ms) -> Ms {
+        if done - now <= 20 {
             if self.rng.chance(500) {
                 now
             } else {
@@ -709,8 +740,7 @@ impl World {
             }
         } else {
             self.rng.range(now, done)
-        };
-        (at, done)
+        }
     }
 
     /// Whether a write from `node` landing at `at` fails, lands but reports an error, or works.

@@ -89,7 +89,9 @@ impl FakeWorld {
         self.record_files()
             .iter()
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .map(|p| serde_json::from_slice(&fs::read(p).unwrap()).unwrap())
+            .flat_map(|p| {
+                common::pods::records_in(serde_json::from_slice(&fs::read(p).unwrap()).unwrap())
+            })
             .collect()
     }
 }
@@ -114,7 +116,11 @@ fn snapshot(w: &FakeWorld, n: usize) -> Vec<Value> {
     let mut v: Vec<Value> = fs::read_dir(&dir)
         .map(|rd| {
             rd.flatten()
-                .map(|e| serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap())
+                .flat_map(|e| {
+                    common::pods::records_in(
+                        serde_json::from_slice(&fs::read(e.path()).unwrap()).unwrap(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();

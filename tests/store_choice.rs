@@ -188,11 +188,19 @@ fn a_predecessors_record_files_are_read_beside_the_leases() {
     }
     let c = Cluster::start("choice-both");
     let dir = state_dir(&c);
-    // A pod of a tfinit with only files left a record there.
+    // A pod of a tfinit with only files left a record there (a file of one record, the layout
+    // of those versions).
     let old = Owner::current("pod-old", None);
     let files = FileStore::new(&dir);
     files.open(TTL).unwrap();
-    let old_id = files.write(&record(&old)).unwrap();
+    let rec = record(&old);
+    let path = files.path_of(&rec);
+    std::fs::write(&path, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let old_id = RecordId::file(&path);
+    // And one of a tfinit with files per incarnation.
+    let mid = Owner::current("pod-mid", None);
+    let mid_id = files.write(&record(&mid)).unwrap();
+    assert!(mid_id.as_member().is_some(), "{mid_id}");
 
     let me = Owner::current("pod-new", None);
     let s = chosen_with(StoreSetting::Auto, &dir, api(&c, &me));
@@ -207,7 +215,7 @@ fn a_predecessors_record_files_are_read_beside_the_leases() {
         })
         .collect();
     ids.sort();
-    let mut want = vec![old_id.clone(), new_id.clone()];
+    let mut want = vec![old_id.clone(), mid_id.clone(), new_id.clone()];
     want.sort();
     assert_eq!(ids, want, "both stores' records");
     assert_eq!(s.read(&old_id).unwrap().owner, old);
@@ -215,6 +223,17 @@ fn a_predecessors_record_files_are_read_beside_the_leases() {
     assert!(
         !old_id.as_file().unwrap().exists(),
         "removed from the files"
+    );
+    // A recovery marks the predecessor's record (rewritten in its file, not sent to the API),
+    // then removes it.
+    let mut marked = record(&mid);
+    marked.in_progress = vec!["null_resource.a".into()];
+    assert_eq!(s.write(&marked).unwrap(), mid_id);
+    assert_eq!(s.read(&mid_id).unwrap().in_progress, marked.in_progress);
+    s.remove(&mid_id).unwrap();
+    assert!(
+        !files.incarnation_path(&mid).exists(),
+        "its last record gone"
     );
     assert!(new_id.as_lease_in(NS).is_some(), "{new_id}");
     s.remove(&new_id).unwrap();

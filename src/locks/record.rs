@@ -409,6 +409,15 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record, RecordError> {
         return Err(RecordError::Version { v: version.v });
     }
     let rec: Record = serde_json::from_slice(bytes).map_err(not_a_record)?;
+    check_record(rec)
+}
+
+/// A record read some other way (an entry of an incarnation's file) checked as [`parse_record`]
+/// checks a file's: its version, and the fields that become paths or command arguments.
+pub fn check_record(rec: Record) -> Result<Record, RecordError> {
+    if !(OLDEST_FORMAT..=FORMAT).contains(&rec.v) {
+        return Err(RecordError::Version { v: rec.v });
+    }
     if !valid_owner(&rec.owner.name) {
         return Err(RecordError::Owner(rec.owner.name));
     }

@@ -174,7 +174,8 @@ impl DelayFs {
             .collect()
     }
 
-    /// The JSON lock-owner records in the backing directory (what is on disk), by file name.
+    /// The JSON lock-owner records in the backing directory (what is on disk), by file name (each
+    /// record of an incarnation's file with that file's name).
     pub fn records(&self) -> Vec<(String, Value)> {
         let mut out: Vec<(String, Value)> = std::fs::read_dir(self.backing.join("records"))
             .map(|rd| {
@@ -186,6 +187,11 @@ impl DelayFs {
                         }
                         let v = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
                         Some((name, v))
+                    })
+                    .flat_map(|(name, v)| {
+                        super::pods::records_in(v)
+                            .into_iter()
+                            .map(move |r| (name.clone(), r))
                     })
                     .collect()
             })

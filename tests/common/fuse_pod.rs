@@ -174,6 +174,7 @@ impl FusePod {
             .map(|rd| {
                 rd.flatten()
                     .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+                    .flat_map(common::pods::records_in)
                     .collect()
             })
             .unwrap_or_default()

@@ -142,12 +142,14 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The records (`records/*.json`) of a state directory, parsed, sorted by path.
+/// The records (`records/*.json`) of a state directory, parsed, sorted by path: each record of
+/// an incarnation's file (`{"v":5,"records":[...]}`, docs/records.md) with that file's path, in
+/// the file's order.
 pub fn records(state: &Path) -> Vec<(PathBuf, Value)> {
     let Ok(rd) = fs::read_dir(state.join("records")) else {
         return Vec::new();
     };
-    let mut out: Vec<_> = rd
+    let mut files: Vec<_> = rd
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
@@ -156,8 +158,19 @@ pub fn records(state: &Path) -> Vec<(PathBuf, Value)> {
             Some((p, v))
         })
         .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    files
+        .into_iter()
+        .flat_map(|(p, v)| records_in(v).into_iter().map(move |r| (p.clone(), r)))
+        .collect()
+}
+
+/// The records a file of `records/` holds: those of an incarnation's file, or the file's one.
+pub fn records_in(v: Value) -> Vec<Value> {
+    match v.get("records").and_then(Value::as_array) {
+        Some(records) => records.clone(),
+        None => vec![v],
+    }
 }
 
 /// stdout then stderr of a finished command.

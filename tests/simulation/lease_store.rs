@@ -26,6 +26,7 @@ use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::machine::{HeartbeatRead, Held, Op, Outcome};
 use tfinit::locks::recorder::Entry;
+use tfinit::locks::store::Change;
 
 use super::api::{call, retried, Body, Pre, Refusal};
 use super::exec::Sim;
@@ -343,53 +344,74 @@ pub async fn perform(
                 named_done,
             }
         }
-        Op::Write(record) => {
-            let first = !ids.contains_key(&record.run_id);
-            let id = *ids.entry(record.run_id.clone()).or_insert_with(|| {
-                sim.with(|w| {
-                    w.next_record += 1;
-                    w.next_record
-                })
-            });
-            let rec = Rc::new(*record);
-            let land = move |w: &mut World| {
-                let stale = first
-                    && w.incs[inc]
-                        .beat_landed
-                        .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
-                let landed = w.now;
-                let rec = Rc::clone(&rec);
-                w.log(|| {
-                    format!(
-                        "record Lease {id} of {} ({}) lands",
-                        rec.run_id, rec.owner.name
-                    )
+        // `KubeStore::apply`: one request per record Lease. The real store has a batch's
+        // requests in flight together; here they go one after the other (each its own timed
+        // request), which orders them no differently with respect to the heartbeat written
+        // before the batch.
+        Op::Apply(changes) => {
+            let mut results = Vec::new();
+            for c in changes {
+                results.push(match c {
+                    Change::Put(record) => put_record(sim, inc, kube, ids, record).await,
+                    Change::Remove(path) => {
+                        let id = record_id(&path);
+                        let r = kube.remove(sim, id).await;
+                        if r.is_ok() {
+                            ids.retain(|_, v| *v != id);
+                        }
+                        r.map(|()| path).map_err(io_of)
+                    }
                 });
-                w.store.records.insert(
-                    id,
-                    Stored {
-                        inc,
-                        rec,
-                        landed_stale: stale,
-                        landed,
-                    },
-                );
-            };
-            let r = kube
-                .put(sim, &record_name(id), Body::Record(id), land)
-                .await;
-            Outcome::Written(r.map(|()| record_path(id)).map_err(io_of))
-        }
-        Op::Remove(path) => {
-            let id = record_id(&path);
-            let r = kube.remove(sim, id).await;
-            if r.is_ok() {
-                ids.retain(|_, v| *v != id);
             }
             let _ = me;
-            Outcome::Removed(r.map_err(io_of))
+            Outcome::Applied(results)
         }
     }
+}
+
+/// One record Lease written (created or rewritten) for incarnation `inc`.
+async fn put_record(
+    sim: &Sim,
+    inc: usize,
+    kube: &mut Client,
+    ids: &mut HashMap<String, u64>,
+    record: Box<Record>,
+) -> io::Result<RecordId> {
+    let first = !ids.contains_key(&record.run_id);
+    let id = *ids.entry(record.run_id.clone()).or_insert_with(|| {
+        sim.with(|w| {
+            w.next_record += 1;
+            w.next_record
+        })
+    });
+    let rec = Rc::new(*record);
+    let land = move |w: &mut World| {
+        let stale = first
+            && w.incs[inc]
+                .beat_landed
+                .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
+        let landed = w.now;
+        let rec = Rc::clone(&rec);
+        w.log(|| {
+            format!(
+                "record Lease {id} of {} ({}) lands",
+                rec.run_id, rec.owner.name
+            )
+        });
+        w.store.records.insert(
+            id,
+            Stored {
+                inc,
+                rec,
+                landed_stale: stale,
+                landed,
+            },
+        );
+    };
+    let r = kube
+        .put(sim, &record_name(id), Body::Record(id), land)
+        .await;
+    r.map(|()| record_path(id)).map_err(io_of)
 }
 
 /// The id of the record at `path` ([`record_path`]).

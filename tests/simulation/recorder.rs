@@ -15,7 +15,7 @@ use tfinit::locks::record::{FileId, Owner};
 use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::machine::{HeartbeatRead, Held, Machine, Next, Now, Op, Out, Outcome};
 use tfinit::locks::recorder::Entry;
-use tfinit::locks::store::kernel_proof_with;
+use tfinit::locks::store::{kernel_proof_with, Change};
 
 use super::exec::{list, Sim, WaitFor};
 use super::lease_store;
@@ -227,66 +227,91 @@ async fn perform(
                 }
             })
         }
-        Op::Write(record) => {
-            let known = ids.get(&record.run_id).copied();
-            let id = known.unwrap_or_else(|| {
-                sim.with(|w| {
-                    w.next_record += 1;
-                    w.next_record
-                })
-            });
-            let run_id = record.run_id.clone();
-            let rec = Rc::new(*record);
-            let result = sim
-                .write(node, move |w| {
-                    // A create lands under a stale heartbeat when its owner's last one that
-                    // landed was stamped more than a TTL before (an issue 18 finding).
-                    let stale = known.is_none()
-                        && w.incs[inc]
-                            .beat_landed
-                            .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
-                    if known.is_none() {
-                        w.log(|| {
-                            format!(
-                                "record {id} of {} ({}) lands{}",
-                                rec.run_id,
-                                rec.owner.name,
-                                if stale {
-                                    " under a stale heartbeat"
-                                } else {
-                                    ""
-                                }
-                            )
+        Op::Apply(changes) => {
+            // One batch is one atomic write of the incarnation's record file (the file store's
+            // group commit): one timed operation for all of it, landing whole or not at all.
+            let mut puts = Vec::new();
+            let mut removes = Vec::new();
+            let mut order = Vec::new();
+            for c in changes {
+                match c {
+                    Change::Put(record) => {
+                        let known = ids.get(&record.run_id).copied();
+                        let id = known.unwrap_or_else(|| {
+                            sim.with(|w| {
+                                w.next_record += 1;
+                                w.next_record
+                            })
                         });
+                        order.push(id);
+                        puts.push((id, known.is_none(), Rc::new(*record)));
                     }
-                    let landed = w.now;
-                    w.store.records.insert(
-                        id,
-                        Stored {
-                            inc,
-                            rec,
-                            landed_stale: stale,
-                            landed,
-                        },
-                    );
-                })
-                .await;
-            if result.is_ok() {
-                ids.insert(run_id, id);
+                    Change::Remove(path) => {
+                        let id = record_id(&path);
+                        order.push(id);
+                        removes.push(id);
+                    }
+                }
             }
-            Outcome::Written(result.map(|()| record_path(id)).map_err(volume_error))
-        }
-        Op::Remove(path) => {
-            let id = record_id(&path);
+            let landed_puts: Vec<(String, u64)> = puts
+                .iter()
+                .map(|(id, _, r)| (r.run_id.clone(), *id))
+                .collect();
+            let gone = removes.clone();
             let result = sim
                 .write(node, move |w| {
-                    w.store.records.remove(&id);
+                    for (id, new, rec) in puts {
+                        // A create lands under a stale heartbeat when its owner's last one that
+                        // landed was stamped more than a TTL before (an issue 18 finding).
+                        let stale = new
+                            && w.incs[inc]
+                                .beat_landed
+                                .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
+                        if new {
+                            w.log(|| {
+                                format!(
+                                    "record {id} of {} ({}) lands{}",
+                                    rec.run_id,
+                                    rec.owner.name,
+                                    if stale {
+                                        " under a stale heartbeat"
+                                    } else {
+                                        ""
+                                    }
+                                )
+                            });
+                        }
+                        let landed = w.now;
+                        w.store.records.insert(
+                            id,
+                            Stored {
+                                inc,
+                                rec,
+                                landed_stale: stale,
+                                landed,
+                            },
+                        );
+                    }
+                    for id in removes {
+                        w.store.records.remove(&id);
+                    }
                 })
                 .await;
             if result.is_ok() {
-                ids.retain(|_, v| *v != id);
+                ids.extend(landed_puts);
+                ids.retain(|_, v| !gone.contains(v));
             }
-            Outcome::Removed(result.map_err(volume_error))
+            Outcome::Applied(
+                order
+                    .into_iter()
+                    .map(|id| {
+                        result
+                            .clone()
+                            .map(|()| record_path(id))
+                            .map_err(volume_error)
+                    })
+                    .collect(),
+            )
         }
     }
 }

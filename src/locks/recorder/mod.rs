@@ -10,7 +10,8 @@
 //! in it: every signal stays for the loop's signalfd.
 //!
 //! Order of work: the heartbeat goes first (a late heartbeat makes other pods take this owner for
-//! dead); then record writes in the order they were asked for; rescans last. Writes of one record
+//! dead); then record writes in the order they were asked for, every write waiting when one
+//! begins in one batch (group commit: one change per run, `Store::apply`); rescans last. Writes of one record
 //! apply in order (create, then progress, then end or remove). Progress asked for while a write
 //! is in flight waits in the queue, where later progress of the same record replaces it, so one
 //! slow write is followed by at most one more. A remove drops that run's queued updates.

@@ -115,6 +115,18 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// Every record write queued, in the order [`Queue::next`] would give them (creates first,
+    /// then the rest in order): the rest of a batch.
+    pub(crate) fn take_writes(&mut self) -> Vec<(Work, usize)> {
+        let (mut creates, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.writes)
+            .into_iter()
+            .partition(|(w, _)| matches!(w, Work::Create { .. }));
+        creates.extend(rest);
+        creates.into()
+    }
+}
+
 fn run_of(r: &Work) -> Option<RunId> {
     match r {
         Work::Create { run, .. }

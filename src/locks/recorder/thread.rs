@@ -307,7 +307,6 @@ fn perform(store: &dyn Store, me: &Owner, op: Op) -> Outcome {
                 named_done: Instant::now(),
             }
         }
-        Op::Write(record) => Outcome::Written(store.write(&record)),
-        Op::Remove(path) => Outcome::Removed(store.remove(&path)),
+        Op::Apply(changes) => Outcome::Applied(store.apply(&changes)),
     }
 }

@@ -27,7 +27,7 @@ use crate::config::StoreSetting;
 use crate::kube::{Client, Config, ConfigError, Deadlines, ROLE_RULE};
 use crate::locks::record::{FileId, Found, Heartbeat, Owner, Record};
 
-use super::{Aside, FileStore, KubeStore, RecordId, RecoveryLock, Store};
+use super::{Aside, Change, FileStore, KubeStore, RecordId, RecoveryLock, Store};
 
 /// The store for `setting`: files in `state_dir`, Leases of the pod's namespace for incarnation
 /// `me` (stating `ttl`), or the choice between them made at the first call. Reads the in-cluster
@@ -235,7 +235,7 @@ impl Store for Chosen {
 
     fn read(&self, id: &RecordId) -> io::Result<Record> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.read(id),
+            Target::Kube(k, _) if !id.in_files() => k.read(id),
             Target::Kube(_, _) | Target::File(_) => self.file.read(id),
             Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
@@ -244,16 +244,29 @@ impl Store for Chosen {
     fn write(&self, record: &Record) -> io::Result<RecordId> {
         self.with(|t| match t {
             // A record of the files (a predecessor's, marked by a recovery) is rewritten there.
-            Target::Kube(_, Some(f)) if f.path_of(record).is_file() => f.write(record),
+            Target::Kube(_, Some(f)) if f.holds(record) => f.write(record),
             Target::Kube(k, _) => k.write(record),
             Target::File(f) => f.write(record),
             Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
     }
 
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        self.with(|t| match t {
+            // A batch is the recorder's, of this incarnation's own records: the API's. A record
+            // in the files (a predecessor's) is marked or removed by a recovery through `write`
+            // and `remove`, which find it there.
+            Target::Kube(k, _) => k.apply(changes),
+            Target::File(f) => f.apply(changes),
+            Target::None(why) | Target::Unanswered(why) => {
+                changes.iter().map(|_| Err(none(why.clone()))).collect()
+            }
+        })
+    }
+
     fn remove(&self, id: &RecordId) -> io::Result<()> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.remove(id),
+            Target::Kube(k, _) if !id.in_files() => k.remove(id),
             Target::Kube(_, _) | Target::File(_) => self.file.remove(id),
             Target::None(why) | Target::Unanswered(why) => Err(none(why)),
         })
@@ -261,7 +274,7 @@ impl Store for Chosen {
 
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
         self.with(|t| match t {
-            Target::Kube(k, _) if id.as_file().is_none() => k.set_aside(id, why),
+            Target::Kube(k, _) if !id.in_files() => k.set_aside(id, why),
             Target::Kube(_, _) | Target::File(_) => self.file.set_aside(id, why),
             Target::None(text) | Target::Unanswered(text) => Err(none(text)),
         })

@@ -9,15 +9,13 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{Flock, FlockArg};
 
 use super::fsio::{
-    aside_path, atomic_write, flock_free, kind_of, local_filesystem, open_regular, read_limited,
-    remove, test_flock, to_json, unique_suffix, ReadError,
+    aside_path, atomic_write, file_of, flock_free, kind_of, local_filesystem, open_regular,
+    read_limited, remove, test_flock, to_json, unique_suffix, ReadError,
 };
 use super::kernel::same_lock_file;
-use super::{Aside, RecordId, RecoveryLock, Store};
+use super::{Aside, Change, RecordId, RecoveryLock, Store};
 use crate::locks::names::valid_owner;
-use crate::locks::record::{
-    age, parse_record, FileId, Found, Heartbeat, Owner, Record, Unread, HEARTBEAT_FORMAT, MAX_FILE,
-};
+use crate::locks::record::{age, FileId, Found, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use std::os::fd::OwnedFd;
 
 /// The file `recover.lock` in the state directory: flock of one recovery at a time.
@@ -42,7 +40,7 @@ impl FileStore {
         &self.dir
     }
 
-    fn records_dir(&self) -> PathBuf {
+    pub(super) fn records_dir(&self) -> PathBuf {
         self.dir.join("records")
     }
 
@@ -182,98 +180,40 @@ impl Store for FileStore {
     }
 
     fn list(&self) -> Vec<Found> {
-        let entries = match fs::read_dir(self.records_dir()) {
-            Ok(entries) => entries,
-            // Nothing was ever written here (no volume mounted, another path, not ours to read):
-            // no records, as an answer.
-            Err(e) if no_records_here(&e) => return Vec::new(),
-            Err(e) => {
-                return vec![Found::Unlisted(format!(
-                    "{}: {e}",
-                    self.records_dir().display()
-                ))]
-            }
-        };
-        let mut out = Vec::new();
-        for e in entries.flatten() {
-            let path = e.path();
-            let hidden = e.file_name().to_string_lossy().starts_with('.');
-            if hidden || path.extension().and_then(|x| x.to_str()) != Some("json") {
-                continue;
-            }
-            let bytes = read_limited(&path);
-            let path = RecordId::file(path);
-            match bytes {
-                // Removed since readdir (its run ended): not a problem.
-                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
-                    out.push(Found::Unreadable(path, e.to_string()))
-                }
-                // Only a file read whole can be proven corrupt; anything else is left alone.
-                Err(ReadError::Io(e)) => {
-                    out.push(Found::LeftAlone(path, Unread::Failed(e.to_string())))
-                }
-                Err(ReadError::NotRegular(kind)) => {
-                    out.push(Found::LeftAlone(path, Unread::NotRegular(kind)))
-                }
-                Err(ReadError::TooLarge(size)) => {
-                    out.push(Found::LeftAlone(path, Unread::TooLarge(size)))
-                }
-                Ok(bytes) => match parse_record(&bytes) {
-                    Ok(r) => out.push(Found::Record(path, Box::new(r))),
-                    Err(problem) => match problem.future() {
-                        Some(v) => out.push(Found::Future(path, v)),
-                        None => out.push(Found::Corrupt(path, problem.to_string())),
-                    },
-                },
-            }
-        }
-        out.sort_by(|a, b| found_path(a).cmp(&found_path(b)));
-        out
+        self.list_records()
     }
 
     fn read(&self, id: &RecordId) -> io::Result<Record> {
-        let path = file_of(id)?;
-        let bytes = read_limited(path).map_err(|e| e.into_io(path))?;
-        parse_record(&bytes).map_err(|p| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{id} is not a lock-owner record: {p}"),
-            )
-        })
+        self.read_record(id)
     }
 
     fn write(&self, record: &Record) -> io::Result<RecordId> {
-        let path = self.path_of(record);
-        let bytes = to_json(&*record.fitted());
-        // What would not read back is refused here, with its reason, rather than written for
-        // every reader to find corrupt.
-        let problem = if bytes.len() as u64 > MAX_FILE {
-            Some(format!(
-                "it would be {} bytes, more than the {MAX_FILE} a reader takes (its paths or names are that long)",
-                bytes.len()
-            ))
-        } else {
-            parse_record(&bytes).err().map(|e| e.to_string())
-        };
-        if let Some(problem) = problem {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "lock-owner record {} not written, it would not read back: {problem}",
-                    path.display()
-                ),
-            ));
-        }
-        atomic_write(&path, &bytes)?;
-        Ok(RecordId::file(path))
+        let put = [Change::Put(Box::new(record.clone()))];
+        self.apply_changes(&put)
+            .pop()
+            .unwrap_or_else(|| Err(io::Error::other("no change was made")))
+    }
+
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        self.apply_changes(changes)
     }
 
     fn remove(&self, id: &RecordId) -> io::Result<()> {
+        if id.as_member().is_some() {
+            let remove = [Change::Remove(id.clone())];
+            return self
+                .apply_changes(&remove)
+                .pop()
+                .unwrap_or_else(|| Err(io::Error::other("no change was made")))
+                .map(|_| ());
+        }
         remove(file_of(id)?)
     }
 
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId> {
+        if let Some((file, key)) = id.as_member() {
+            return self.set_member_aside(file, key, why);
+        }
         let path = file_of(id)?;
         let aside = aside_path(path, why);
         fs::rename(path, &aside)?;
@@ -461,21 +401,10 @@ impl Store for FileStore {
     }
 }
 
-fn found_path(f: &Found) -> Option<&RecordId> {
-    match f {
-        Found::Record(p, _)
-        | Found::Corrupt(p, _)
-        | Found::Future(p, _)
-        | Found::Unreadable(p, _)
-        | Found::LeftAlone(p, _) => Some(p),
-        Found::Unlisted(_) => None,
-    }
-}
-
 /// Whether a directory that cannot be read holds no records as an answer: it does not exist
 /// (no volume mounted, nothing written yet), is not a directory, or is not this uid's to read
 /// (so nothing of this uid's was written there).
-fn no_records_here(e: &io::Error) -> bool {
+pub(super) fn no_records_here(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::NotFound | io::ErrorKind::NotADirectory | io::ErrorKind::PermissionDenied
@@ -491,16 +420,6 @@ fn read_beat(path: &Path) -> io::Result<Option<Heartbeat>> {
         Err(e @ ReadError::Io(_)) => Err(e.into_io(path)),
         Err(ReadError::NotRegular(_) | ReadError::TooLarge(_)) => Ok(None),
     }
-}
-
-/// The file of `id`, or the error of an id another store made (a caller's bug).
-fn file_of(id: &RecordId) -> io::Result<&Path> {
-    id.as_file().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{id} is not a record of a state directory"),
-        )
-    })
 }
 
 #[cfg(test)]

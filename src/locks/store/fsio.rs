@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use nix::fcntl::{fcntl, FcntlArg, Flock, FlockArg, OFlag};
 use serde::Serialize;
 
-use super::Aside;
+use super::{Aside, RecordId};
 use crate::locks::record::{now_ms, MAX_FILE};
 
 /// Whether the flock of the file at `path` is free (Some(true)), held (Some(false)), or unknown:
@@ -240,6 +240,16 @@ pub(super) fn suffix_of(pid: u32, ms: u64, nanos: u32, n: u64) -> String {
     format!("{pid}.{ms}.{nanos}.{n}")
 }
 
+/// The file of `id`, or the error of an id another store made (a caller's bug).
+pub(super) fn file_of(id: &RecordId) -> io::Result<&Path> {
+    id.as_file().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{id} is not a record file of a state directory"),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::file::RECOVER_LOCK;
@@ -318,7 +328,8 @@ mod tests {
             .map(|i| format!("null_resource.r_{i:0>24}"))
             .collect();
         let path = store.write(&rec).unwrap();
-        let size = fs::metadata(path.as_file().unwrap()).unwrap().len();
+        let file = store.incarnation_path(&rec.owner);
+        let size = fs::metadata(&file).unwrap().len();
         assert!(
             size < MAX_FILE / 2,
             "{size} bytes is not far below {MAX_FILE}"
@@ -348,7 +359,7 @@ mod tests {
         let swept = store.sweep();
         assert_eq!(swept.len(), 1, "{:?}", store.list());
         assert!(
-            path.as_file().unwrap().exists(),
+            file.exists() && store.read(&path).is_ok(),
             "a live record was set aside"
         );
         // Written again (a recovery marking it), it stays the same.

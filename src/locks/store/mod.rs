@@ -3,8 +3,10 @@
 //! [`FileStore`] in TFINIT_STATE_DIR, and [`KubeStore`] in Leases of the pod's namespace
 //! (`kube/`: its objects and what each API answer does are documented there).
 //!
-//! The file store's layout: `records/<owner>.<incarnation>.<run>.json`, one per state-locking run in flight (or
-//! killed), and `owners/<owner>.json`, the heartbeat of the owner's current incarnation;
+//! The file store's layout: `records/<owner>.<incarnation>.json`, every record of one incarnation
+//! (its state-locking runs in flight, or killed: one atomic write per batch of the recorder,
+//! `incarnation/`), the first layout's `records/<owner>.<incarnation>.<run>.json` still read, and
+//! `owners/<owner>.<incarnation>.json`, each incarnation's heartbeat;
 //! `recover.lock` serialises recoveries. Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory), so a reader sees a whole file or none. Every call may block for as
 //! long as the volume takes: only the recorder thread and helper processes call it, never the
@@ -15,7 +17,8 @@
 //! they are regular files (`fsio.rs`'s `open_regular`), so no entry can block a reader or steer it
 //! elsewhere; an entry that is not a regular file is named in a warning and left for a person.
 //!
-//! Files: `file.rs` ([`FileStore`]), `fsio.rs` (the file system calls), `kernel.rs` (what a
+//! Files: `file.rs` ([`FileStore`]), `incarnation/` (its records, a file per incarnation),
+//! `fsio.rs` (the file system calls), `kernel.rs` (what a
 //! flock proves of an incarnation), `report.rs` (what a reader says of a record it cannot use),
 //! `kube/` ([`KubeStore`]), `choose.rs` (which one TFINIT_STORE picks: [`chosen`]).
 
@@ -29,12 +32,14 @@ use super::record::{FileId, Found, Heartbeat, Owner, Record, FORMAT};
 mod choose;
 mod file;
 mod fsio;
+mod incarnation;
 mod kernel;
 pub mod kube;
 mod report;
 
 pub use choose::{chosen, chosen_with};
 pub use file::FileStore;
+pub use incarnation::{FILE_FORMAT, MAX_INCARNATION_FILE};
 pub use kube::KubeStore;
 
 /// Which record of a store (see [`crate::locks::record_id`]).
@@ -78,6 +83,15 @@ impl std::fmt::Debug for RecoveryLock {
     }
 }
 
+/// One change of a batch ([`Store::apply`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Write this record, new or rewritten (as [`Store::write`]).
+    Put(Box<Record>),
+    /// Remove this record (as [`Store::remove`]).
+    Remove(RecordId),
+}
+
 /// All storage of records and heartbeats. Every method may block on the volume.
 pub trait Store: Send {
     /// Where the store is, for messages (the state directory).
@@ -100,6 +114,20 @@ pub trait Store: Send {
 
     /// Removes a record; a missing one is fine.
     fn remove(&self, id: &RecordId) -> io::Result<()>;
+
+    /// Applies a batch of changes (the recorder's group commit: every record change of one
+    /// incarnation pending at one moment), as few writes as the store can make of it; returns
+    /// each change's result, in order (a put's id; a removal's id as given). A store that can do
+    /// no better than one change after the other: the default.
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Put(r) => self.write(r),
+                Change::Remove(id) => self.remove(id).map(|()| id.clone()),
+            })
+            .collect()
+    }
 
     /// Sets a record aside so no recovery reads it again; returns its new id.
     fn set_aside(&self, id: &RecordId, why: &Aside) -> io::Result<RecordId>;

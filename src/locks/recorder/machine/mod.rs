@@ -6,16 +6,18 @@
 //! the heartbeat's clock, the fresh-heartbeat rule before a create and the retries of failed
 //! closings are this module's alone.
 //!
-//! One job at a time, as the thread did it: a job (the opening, a heartbeat, a record write, a
-//! rescan) is a sequence of operations; requests that arrive meanwhile wait in `arrived` and join
-//! the `Queue` (queue.rs) when the job is over, which is where the heartbeat overtakes writes and
-//! progress coalesces.
+//! One job at a time, as the thread did it: a job (the opening, a heartbeat, a batch of record
+//! writes, a rescan) is a sequence of operations; requests that arrive meanwhile wait in
+//! `arrived` and join the `Queue` (queue.rs) when the job is over, which is where the heartbeat
+//! overtakes writes and progress coalesces. Record writes go out in batches (group commit): the
+//! next batch takes every write queued (one change per run, [`Op::Apply`]), so 16 runs that start
+//! together wait for at most two trips to the store, not sixteen.
 //!
 //! Files: this one (what the machine and its drivers say to each other, the heartbeat and the
 //! opening), `write.rs` (record writes and the retries of failed closings), `scan.rs` (the scans),
 //! `tests.rs` (the machine alone, without a thread or a store).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -27,13 +29,14 @@ mod tests;
 mod write;
 
 use scan::{Scan, ScanFor};
-use write::{Unclosed, Writing};
+use write::{Slot, Unclosed};
 
 use super::queue::{Chore, Queue};
 use super::{Completion, Entry, Work, WriteError};
 use crate::locks::names::RunId;
 use crate::locks::record::{FileId, Heartbeat, Owner, Record, HEARTBEAT_FORMAT};
 use crate::locks::record_id::RecordId;
+use crate::locks::store::Change;
 
 /// How long the heartbeat of an owner without records is kept after it went silent.
 const HEARTBEAT_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -80,10 +83,9 @@ pub enum Op {
         /// Our own name.
         name: String,
     },
-    /// Write this record, new or rewritten (`Store::write`). Answer: [`Outcome::Written`].
-    Write(Box<Record>),
-    /// Remove this record (`Store::remove`). Answer: [`Outcome::Removed`].
-    Remove(RecordId),
+    /// Apply this batch of record changes, one per run (`Store::apply`): every record write
+    /// pending when it was made (group commit). Answer: [`Outcome::Applied`].
+    Apply(Vec<Change>),
 }
 
 /// This incarnation's lock file, as [`Op::Open`] took it.
@@ -136,10 +138,8 @@ pub enum Outcome {
         /// When it returned.
         named_done: Instant,
     },
-    /// [`Op::Write`]: the record's id, or why not.
-    Written(io::Result<RecordId>),
-    /// [`Op::Remove`].
-    Removed(io::Result<()>),
+    /// [`Op::Apply`]: each change's result, in order (the record's id, or why not).
+    Applied(Vec<io::Result<RecordId>>),
 }
 
 /// One read of an incarnation's heartbeat, as the driver made it.
@@ -186,13 +186,9 @@ pub enum Out {
 enum AfterBeat {
     /// The heartbeat's own job: close what failed, then rescan.
     Chore,
-    /// A create that waits for a fresh heartbeat (how many requests it stands for).
-    Create {
-        run: RunId,
-        record: Box<Record>,
-        env: Vec<String>,
-        n: usize,
-    },
+    /// A batch with creates, which waits for a fresh heartbeat (each write and how many
+    /// requests it stands for).
+    Batch(Vec<(Work, usize)>),
 }
 
 /// The job in progress, and the operation it waits for.
@@ -221,15 +217,10 @@ enum Doing {
         wake: bool,
         then: AfterBeat,
     },
-    /// A retry of a failed closing in flight: this one, then `left`; those that fail again go
-    /// to `still`.
-    Closing {
-        now: Unclosed,
-        left: VecDeque<Unclosed>,
-        still: Vec<Unclosed>,
-    },
-    /// A record write in flight, standing for `n` requests.
-    Writing { what: Writing, n: usize },
+    /// The retries of failed closings in flight, as one batch.
+    Closing { items: Vec<Unclosed> },
+    /// A batch of record writes in flight: one slot per run.
+    Batch(Vec<Slot>),
 }
 
 /// The recorder's state: what it wrote, its heartbeat, its queue, and the job in progress.
@@ -418,40 +409,14 @@ impl Machine {
                 },
                 Outcome::Wrote(result),
             ) => self.beaten(stamped, wall_ms, wake, then, result, now),
-            (
-                Doing::Closing {
-                    now: u,
-                    left,
-                    still,
-                },
-                Outcome::Written(result),
-            ) => {
-                self.closed(u, left, still, result.map(|_| ()));
+            (Doing::Closing { items }, Outcome::Applied(results)) => {
+                let results = answers(results, items.len());
+                let results = results.into_iter().map(|r| r.map(|_| ())).collect();
+                self.closed(items, results);
             }
-            (
-                Doing::Closing {
-                    now: u,
-                    left,
-                    still,
-                },
-                Outcome::Removed(result),
-            ) => {
-                self.closed(u, left, still, result);
-            }
-            (Doing::Writing { what, n }, Outcome::Written(result)) => self.wrote(what, n, result),
-            (
-                Doing::Writing {
-                    what: Writing::Remove { run, path },
-                    n,
-                },
-                Outcome::Removed(result),
-            ) => {
-                let result = result.map_err(|e| {
-                    self.unclosed.push(Unclosed::Remove { run, path });
-                    WriteError::from(e)
-                });
-                self.send(Completion::Removed { run, result });
-                self.done(n);
+            (Doing::Batch(slots), Outcome::Applied(results)) => {
+                let results = answers(results, slots.len());
+                self.applied(slots, results);
             }
             (doing, outcome) => {
                 unreachable!("the driver answered {outcome:?} while the recorder was {doing:?}")
@@ -537,7 +502,7 @@ impl Machine {
             }
             Chore::Rescan if self.open => self.begin_scan(true, ScanFor::Rescan, now),
             Chore::Rescan => {}
-            Chore::Write(w, n) => self.begin_write(w, n, now),
+            Chore::Write(w, n) => self.begin_batch((w, n), now),
         }
     }
 
@@ -578,19 +543,23 @@ impl Machine {
         match then {
             AfterBeat::Chore if ok => self.close_again(),
             AfterBeat::Chore => {}
-            AfterBeat::Create { run, n, .. } if !ok => {
-                self.send(Completion::Created {
-                    run,
-                    result: Err(WriteError::NoHeartbeat),
-                });
-                self.done(n);
-            }
-            AfterBeat::Create {
-                run,
-                record,
-                env,
-                n,
-            } => self.write_create(run, record, &env, n, now),
+            AfterBeat::Batch(items) if !ok => self.batch_without_heartbeat(items, now),
+            AfterBeat::Batch(items) => self.send_batch(items, now),
         }
     }
+}
+
+/// A store's answers to a batch of `n` changes as the machine's errors; a store that answered
+/// fewer (a bug) fails the rest rather than leave requests unanswered.
+fn answers(results: Vec<io::Result<RecordId>>, n: usize) -> Vec<Result<RecordId, WriteError>> {
+    let mut out: Vec<_> = results
+        .into_iter()
+        .map(|r| r.map_err(WriteError::from))
+        .collect();
+    while out.len() < n {
+        out.push(Err(WriteError::from(io::Error::other(
+            "the store gave no answer for this change",
+        ))));
+    }
+    out
 }

@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 
 use super::{Held, Machine, Next, Now, Op, Out, Outcome};
 use crate::locks::names::RunId;
+use crate::locks::record_id::RecordId;
 use crate::locks::recorder::tests::{me, record};
 use crate::locks::recorder::{Completion, Work, WriteError};
+use crate::locks::store::Change;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -135,8 +137,11 @@ fn a_create_under_a_fresh_heartbeat_is_written_at_once_with_its_who() {
         record: record("r1"),
         env: vec!["USER=bob".into(), "HOME=/home/bob".into()],
     });
-    let Next::Do(Op::Write(rec)) = m.next(at(t0, 5)) else {
+    let Next::Do(Op::Apply(changes)) = m.next(at(t0, 5)) else {
         panic!("the create is written");
+    };
+    let [Change::Put(rec)] = &changes[..] else {
+        panic!("one put: {changes:?}");
     };
     assert_eq!((rec.who.as_str(), rec.updated_ms), ("bob@h", 1_000_005));
 }
@@ -177,7 +182,7 @@ fn a_create_after_a_failed_heartbeat_tries_a_heartbeat_first() {
 #[test]
 fn with_the_fresh_heartbeat_guard_off_a_create_follows_a_stale_heartbeat() {
     let _off = crate::mutation::disable(crate::mutation::Guard::FreshHeartbeat);
-    assert!(matches!(create_after_a_failed_heartbeat(), Op::Write(_)));
+    assert!(matches!(create_after_a_failed_heartbeat(), Op::Apply(_)));
 }
 
 #[test]
@@ -190,19 +195,20 @@ fn a_failed_removal_is_tried_again_after_the_next_heartbeat_that_lands() {
         record: record("r1"),
         env: Vec::new(),
     });
-    assert!(matches!(m.next(now), Next::Do(Op::Write(_))));
-    m.finished(Outcome::Written(Ok("r1".into())), now);
+    assert!(matches!(m.next(now), Next::Do(Op::Apply(_))));
+    m.finished(Outcome::Applied(vec![Ok("r1".into())]), now);
     m.request(Work::Remove {
         run: RunId::from(1),
     });
-    assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
-    m.finished(Outcome::Removed(Err(io::Error::other("EIO"))), now);
+    let remove = Op::Apply(vec![Change::Remove("r1".into())]);
+    assert_eq!(m.next(now), Next::Do(remove.clone()));
+    m.finished(Outcome::Applied(vec![Err(io::Error::other("EIO"))]), now);
     m.take_out();
     m.request(Work::Heartbeat);
     assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
     m.finished(Outcome::Wrote(Ok(())), now);
-    assert_eq!(m.next(now), Next::Do(Op::Remove("r1".into())));
-    m.finished(Outcome::Removed(Ok(())), now);
+    assert_eq!(m.next(now), Next::Do(remove));
+    m.finished(Outcome::Applied(vec![Ok("r1".into())]), now);
     let out = m.take_out();
     assert!(
         out.iter()
@@ -348,6 +354,212 @@ fn a_lock_file_dropped_with_a_failed_opening_is_never_named_as_held_again() {
     };
     assert!(!hb.holds_lock, "{hb:?}");
     assert_eq!(hb.lock_file, None, "{hb:?}");
+}
+
+/// The puts and removals of a batch op, by run id (`r1`) or removed id.
+fn batch(op: Next) -> Vec<String> {
+    let Next::Do(Op::Apply(changes)) = op else {
+        panic!("a batch: {op:?}");
+    };
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Put(r) => format!("put {} {:?}", r.run_id, r.in_progress),
+            Change::Remove(id) => format!("remove {id}"),
+        })
+        .collect()
+}
+
+/// The completions and the count of requests done since the last call.
+fn answers(m: &mut Machine) -> (Vec<String>, usize) {
+    let mut done = 0;
+    let mut said = Vec::new();
+    for o in m.take_out() {
+        match o {
+            Out::Done(n) => done += n,
+            Out::Wake(c) | Out::Quiet(c) => said.push(match c {
+                Completion::Created { run, result } => format!("created {run} {}", result.is_ok()),
+                Completion::Written { run, result } => format!("written {run} {result:?}"),
+                Completion::Ended { run, result } => format!("ended {run} {result:?}"),
+                Completion::Removed { run, result } => format!("removed {run} {result:?}"),
+                other => format!("{other:?}"),
+            }),
+        }
+    }
+    (said, done)
+}
+
+#[test]
+fn sixteen_creates_queued_behind_a_batch_go_out_as_the_next_one() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    let now = at(t0, 5);
+    m.request(Work::Create {
+        run: RunId::from(1),
+        record: record("r1"),
+        env: Vec::new(),
+    });
+    assert_eq!(batch(m.next(now)), ["put r1 []"]);
+    // While the first batch is in flight, fifteen more runs start.
+    for i in 2..=16 {
+        m.request(Work::Create {
+            run: RunId::from(i),
+            record: record(&format!("r{i}")),
+            env: Vec::new(),
+        });
+    }
+    m.finished(Outcome::Applied(vec![Ok("/s/r1".into())]), now);
+    assert_eq!(answers(&mut m), (vec!["created r1 true".to_string()], 1));
+    let second = batch(m.next(now));
+    assert_eq!(second.len(), 15, "one batch for the fifteen: {second:?}");
+    assert_eq!(second[0], "put r2 []");
+    let results = (2..=16)
+        .map(|i| Ok(RecordId::file(format!("/s/r{i}"))))
+        .collect();
+    m.finished(Outcome::Applied(results), now);
+    let (said, done) = answers(&mut m);
+    assert_eq!((said.len(), done), (15, 15), "{said:?}");
+    assert!(said.iter().all(|s| s.ends_with("true")), "{said:?}");
+    assert!(matches!(m.next(now), Next::Wait(_)), "nothing left");
+}
+
+#[test]
+fn a_batch_holds_one_change_per_run_and_answers_each_request_in_order() {
+    let t0 = Instant::now();
+    let mut m = opened(t0);
+    let now = at(t0, 5);
+    for run in ["r1", "r2"] {
+        m.request(Work::Create {
+            run: RunId::from(run[1..].parse::<u64>().unwrap()),
+            record: record(run),
+            env: Vec::new(),
+        });
+    }
+    assert_eq!(batch(m.next(now)), ["put r1 []", "put r2 []"]);
+    // r3 is created while r1's progress and end and r2's removal wait: r3's create and its
+    // progress are one put, r1's end supersedes its progress, r4 has no record.
+    for w in [
+        Work::Create {
+            run: RunId::from(3),
+            record: record("r3"),
+            env: Vec::new(),
+        },
+        crate::locks::recorder::tests::progress("r1", &["a"]),
+        crate::locks::recorder::tests::progress("r3", &["x"]),
+        crate::locks::recorder::tests::progress("r4", &["y"]),
+        Work::End {
+            run: RunId::from(1),
+            ended: crate::locks::recorder::tests::ended(),
+            in_progress: vec!["a".into(), "b".into()],
+        },
+        Work::Remove {
+            run: RunId::from(2),
+        },
+    ] {
+        m.request(w);
+    }
+    m.finished(
+        Outcome::Applied(vec![Ok("/s/r1".into()), Ok("/s/r2".into())]),
+        now,
+    );
+    answers(&mut m);
+    let second = batch(m.next(now));
+    assert_eq!(
+        second,
+        ["put r3 [\"x\"]", "put r1 [\"a\", \"b\"]", "remove /s/r2"]
+    );
+    // Negative: r4 had no record, so nothing of it is in the batch; it is answered at once.
+    let (said, _) = answers(&mut m);
+    assert_eq!(said, ["written r4 Err(NoRecord)"]);
+    // The end fails: the run's record is tried again after the next heartbeat; the rest lands.
+    m.finished(
+        Outcome::Applied(vec![
+            Ok("/s/r3".into()),
+            Err(io::Error::other("EIO")),
+            Ok("/s/r2".into()),
+        ]),
+        now,
+    );
+    let (said, done) = answers(&mut m);
+    assert_eq!(
+        said,
+        [
+            "created r3 true",
+            "written r3 Ok(())",
+            "ended r1 Err(Volume(Other, \"EIO\"))",
+            "removed r2 Ok(())"
+        ]
+    );
+    // r1's progress was superseded by its end in the queue (done then): four answered here.
+    assert_eq!(done, 4);
+    m.request(Work::Heartbeat);
+    assert!(matches!(m.next(now), Next::Do(Op::WriteHeartbeat(_))));
+    m.finished(Outcome::Wrote(Ok(())), now);
+    assert_eq!(batch(m.next(now)), ["put r1 [\"a\", \"b\"]"]);
+}
+
+#[test]
+fn a_batch_with_a_create_under_a_stale_heartbeat_follows_a_new_one_and_without_it_only_the_creates_fail(
+) {
+    let t0 = Instant::now();
+    for lands in [true, false] {
+        let mut m = opened(t0);
+        let now = at(t0, 5);
+        m.request(Work::Create {
+            run: RunId::from(1),
+            record: record("r1"),
+            env: Vec::new(),
+        });
+        assert_eq!(batch(m.next(now)), ["put r1 []"]);
+        m.finished(Outcome::Applied(vec![Ok("/s/r1".into())]), now);
+        answers(&mut m);
+        // 10.5 s on (the heartbeat's own clock is due at 10 s: answered first, failing), a
+        // progress and a create wait.
+        let later = at(t0, 10_500);
+        m.request(crate::locks::recorder::tests::progress("r1", &["a"]));
+        m.request(Work::Create {
+            run: RunId::from(2),
+            record: record("r2"),
+            env: Vec::new(),
+        });
+        let mut ops = Vec::new();
+        loop {
+            match m.next(later) {
+                Next::Do(Op::WriteHeartbeat(_)) => {
+                    ops.push("heartbeat".to_string());
+                    let r = if lands && ops.len() > 1 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::other("full"))
+                    };
+                    m.finished(Outcome::Wrote(r), later);
+                }
+                Next::Do(Op::Apply(changes)) => {
+                    ops.push(format!("batch of {}", changes.len()));
+                    let n = changes.len();
+                    m.finished(
+                        Outcome::Applied((0..n).map(|_| Ok("/s/x".into())).collect()),
+                        later,
+                    );
+                }
+                Next::Do(Op::List | Op::ReadHeartbeats { .. }) => {
+                    unreachable!("no rescan after a failed heartbeat")
+                }
+                Next::Do(op) => panic!("{op:?}"),
+                Next::Wait(_) => break,
+            }
+        }
+        let (said, _) = answers(&mut m);
+        if lands {
+            // The failed one of the heartbeat's clock, then the batch's own, then the batch.
+            assert_eq!(ops, ["heartbeat", "heartbeat", "batch of 2"], "{said:?}");
+            assert!(said.contains(&"created r2 true".to_string()), "{said:?}");
+        } else {
+            assert_eq!(ops, ["heartbeat", "heartbeat", "batch of 1"], "{said:?}");
+            assert!(said.contains(&"created r2 false".to_string()), "{said:?}");
+            assert!(said.contains(&"written r1 Ok(())".to_string()), "{said:?}");
+        }
+    }
 }
 
 /// An opening whose scan lists one record of another incarnation and reads its heartbeat with

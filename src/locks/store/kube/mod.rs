@@ -33,7 +33,7 @@ use crate::kube::{Client, Error, Lease, Precondition, RetryPolicy};
 use crate::locks::record::{age, Found, Heartbeat, Owner, Record};
 use io_error::io_error;
 
-use super::{Aside, RecordId, RecoveryLock, Store};
+use super::{Aside, Change, RecordId, RecoveryLock, Store};
 
 pub use io_error::io_error as io_error_of;
 pub use layout::{
@@ -42,6 +42,9 @@ pub use layout::{
 
 /// How long one store call may keep retrying by default: about the client-go renewal deadline.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
+
+/// Most requests of one batch in flight at once ([`Store::apply`]).
+const IN_FLIGHT: usize = 16;
 
 /// The store in the Leases of one namespace.
 pub struct KubeStore {
@@ -75,6 +78,15 @@ impl KubeStore {
         self.retry = retry;
         self.budget = budget;
         self
+    }
+
+    /// One change of a batch (not inlined into each thread of [`Store::apply`]: one copy).
+    #[inline(never)]
+    fn apply_one(&self, c: &Change) -> io::Result<RecordId> {
+        match c {
+            Change::Put(r) => self.write(r),
+            Change::Remove(id) => self.remove(id).map(|()| id.clone()),
+        }
     }
 
     /// The namespace.
@@ -256,6 +268,41 @@ impl Store for KubeStore {
         })
         .map_err(io_error)?;
         Ok(RecordId::lease(self.namespace(), &name))
+    }
+
+    /// A batch's requests in flight together, one thread each (at most [`IN_FLIGHT`] at a time):
+    /// a record is a Lease of its own, so a batch of 16 takes about one request's time, not 16
+    /// (ureq keeps a connection per request in flight). Each change is retried and re-applied
+    /// on a conflict as a single write is.
+    fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
+        let one = |c: &Change| self.apply_one(c);
+        if changes.len() <= 1 {
+            return changes.iter().map(one).collect();
+        }
+        let mut out = Vec::with_capacity(changes.len());
+        for chunk in changes.chunks(IN_FLIGHT) {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = chunk
+                    .iter()
+                    .map(|c| {
+                        let spawned = std::thread::Builder::new()
+                            .name("tfinit-lease".into())
+                            .spawn_scoped(s, move || one(c));
+                        // No thread (a limit reached): this change in this thread instead.
+                        spawned.map_err(|_| c)
+                    })
+                    .collect();
+                out.extend(threads.into_iter().map(|t| match t {
+                    Ok(t) => {
+                        t.join().unwrap_or_else(|_| {
+                            Err(io::Error::other("the request's thread panicked"))
+                        })
+                    }
+                    Err(c) => one(c),
+                }));
+            });
+        }
+        out
     }
 
     fn remove(&self, id: &RecordId) -> io::Result<()> {

@@ -154,6 +154,8 @@ mod lease_store;
 mod legacy;
 #[path = "simulation/legacy_recorder.rs"]
 mod legacy_recorder;
+#[path = "simulation/mutants.rs"]
+mod mutants;
 #[path = "simulation/pods.rs"]
 mod pods;
 #[path = "simulation/recorder.rs"]
@@ -169,6 +171,7 @@ mod terraform;
 #[path = "simulation/world.rs"]
 mod world;
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -531,9 +534,9 @@ fn the_old_rules_unlock_a_fresh_lock_with_a_second_helpers_stale_view() {
 }
 
 /// The first seed in `0..limit` of options `o` whose violation `want` accepts.
-fn first_seed(o: &Opts, limit: u64, want: impl Fn(&Violation) -> bool) -> Option<u64> {
+fn first_seed(o: &Opts, seeds: Range<u64>, want: impl Fn(&Violation) -> bool) -> Option<u64> {
     let anchor = Instant::now();
-    (0..limit).find(|seed| {
+    seeds.into_iter().find(|seed| {
         let (_, v, _) = run_one(*seed, o, anchor, false);
         v.is_some_and(|v| want(&v))
     })
@@ -549,13 +552,25 @@ fn find_without(
     o: Opts,
     want: impl Fn(&Violation) -> bool,
 ) -> u64 {
+    find_without_in(guard, focus, 0..limit, what, o, want)
+}
+
+/// [`find_without`] over the schedules `seeds`.
+fn find_without_in(
+    guard: Guard,
+    focus: Focus,
+    seeds: Range<u64>,
+    what: &str,
+    o: Opts,
+    want: impl Fn(&Violation) -> bool,
+) -> u64 {
     let o = Opts {
         off: Some(guard),
         focus,
         ..o
     };
-    let Some(seed) = first_seed(&o, limit, want) else {
-        panic!("with {guard:?} off and {focus:?}, no {what} in {limit} schedules: the simulation cannot fail as it should");
+    let Some(seed) = first_seed(&o, seeds.clone(), want) else {
+        panic!("with {guard:?} off and {focus:?}, no {what} in schedules {seeds:?}: the simulation cannot fail as it should");
     };
     // The same schedule with the guard on breaks nothing: the violation is the guard's.
     let on = Opts { off: None, ..o };
@@ -565,7 +580,11 @@ fn find_without(
         "seed {seed} fails with {guard:?} on too: {v:?}"
     );
     println!("{}", show(seed, &o));
-    println!("{what}: seed {seed}, found after {} schedule(s)", seed + 1);
+    println!(
+        "{what}: seed {seed}, found after {} schedule(s) from seed {}",
+        seed - seeds.start + 1,
+        seeds.start
+    );
     seed
 }
 
@@ -626,108 +645,6 @@ fn terraform_1_0_3s_wording_alone_keeps_a_freed_locks_record_for_good() {
         |v| v.kind == VKind::Progress && v.sig.contains("probe could not tell"),
     );
 }
-
-/// The mutation check (the house habit 14): each safety guard of today's rules turned off alone
-/// (`tfinit::mutation`), the simulation must find a violation of the kind that guard is for
-/// within the stated number of schedules, each search favouring the guard's trouble
-/// (docs/reliability.md, "Mutation check", has the table). `kind` is the violation's signature
-/// (`Violation::sig`).
-macro_rules! mutant {
-    ($name:ident, $guard:expr, $focus:expr, $budget:expr, $($kind:literal)|+) => {
-        #[test]
-        fn $name() {
-            let kinds = [$($kind),+];
-            find_without($guard, $focus, $budget, &format!("{:?} off: {kinds:?}", $guard), TODAY, |v| {
-                kinds.contains(&v.sig.as_str())
-            });
-        }
-    };
-}
-
-// Not in the list: `fresh_enough` (Guard::FreshHeartbeat). Turned off alone, the simulation
-// finds nothing (300,000 schedules of 10 TTLs, scripts/simulate.sh with OFF=fresh-heartbeat): it
-// is covered by the fence, which stops every state-locking run by 9/10 TTL after the start of the
-// last heartbeat write that landed, whatever the age of the beat its record landed under, and by
-// `Book::begin`, which asks for no record under a beat older than TTL/2. A record written under
-// an older beat only starts a run the fence stops soon after (docs/reliability.md).
-mutant!(mutant_watch, Guard::Watch, Focus::None, 200, "DeadVerdict");
-mutant!(
-    mutant_fence,
-    Guard::Fence,
-    Focus::StaleRecord,
-    2_000,
-    "DeadVerdict"
-);
-mutant!(
-    mutant_unseen,
-    Guard::Unseen,
-    Focus::Invisible,
-    2_000,
-    "Safety(SameWho)"
-);
-mutant!(
-    mutant_shadowed,
-    Guard::Shadowed,
-    Focus::Invisible,
-    1_000,
-    "Safety(SameWho)"
-);
-mutant!(
-    mutant_recover_lock,
-    Guard::RecoverLock,
-    Focus::Crowd,
-    3_000,
-    "Safety(UnlockRace)"
-);
-mutant!(
-    mutant_live_on_host,
-    Guard::LiveOnHost,
-    Focus::Crowd,
-    3_000,
-    "Safety(SameWho)" | "Safety(OwnUnrecorded)" | "Safety(SameState)"
-);
-mutant!(
-    mutant_lock_file_inode,
-    Guard::LockFileInode,
-    Focus::Restore,
-    1_000,
-    "Safety(ReplacedLockFile)"
-);
-mutant!(
-    mutant_state_identity,
-    Guard::StateIdentity,
-    Focus::Aliases,
-    2_000,
-    "Safety(SameState)"
-);
-mutant!(
-    mutant_owners_ttl,
-    Guard::OwnersTtl,
-    Focus::OwnersTtl,
-    1_000,
-    "DeadVerdict (judged by a TTL shorter than the owner's)" | "Safety(OwnersTtl)"
-);
-mutant!(
-    mutant_live_runs,
-    Guard::LiveRuns,
-    Focus::TwoHelpers,
-    3_000,
-    "Safety(InitsLiveRun)" | "Safety(SameState)"
-);
-mutant!(
-    mutant_recovery_held,
-    Guard::RecoveryHeld,
-    Focus::LeaseCrowd,
-    2_000,
-    "Safety(UnlockRace)"
-);
-mutant!(
-    mutant_wordings,
-    Guard::Wordings,
-    Focus::Wording,
-    1_000,
-    "Progress (probe could not tell)"
-);
 
 #[test]
 fn a_helper_that_watches_four_ttls_fails_the_progress_check() {

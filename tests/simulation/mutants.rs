@@ -1,0 +1,119 @@
+//! The mutation check (the house habit 14): each safety guard of today's rules turned off alone
+//! (`tfinit::mutation`), the simulation must find a violation of the kind that guard is for.
+
+use super::*;
+
+/// The mutation check (the house habit 14): each safety guard of today's rules turned off alone
+/// (`tfinit::mutation`), the simulation must find a violation of the kind that guard is for
+/// within the stated number of schedules, each search favouring the guard's trouble
+/// (docs/reliability.md, "Mutation check", has the table). `kind` is the violation's signature
+/// (`Violation::sig`).
+macro_rules! mutant {
+    ($name:ident, $guard:expr, $focus:expr, $budget:expr, $($kind:literal)|+) => {
+        #[test]
+        fn $name() {
+            let kinds = [$($kind),+];
+            find_without($guard, $focus, $budget, &format!("{:?} off: {kinds:?}", $guard), TODAY, |v| {
+                kinds.contains(&v.sig.as_str())
+            });
+        }
+    };
+}
+
+// Not in the list: `fresh_enough` (Guard::FreshHeartbeat). Turned off alone, the simulation
+// finds nothing (300,000 schedules of 10 TTLs, scripts/simulate.sh with OFF=fresh-heartbeat): it
+// is covered by the fence, which stops every state-locking run by 9/10 TTL after the start of the
+// last heartbeat write that landed, whatever the age of the beat its record landed under, and by
+// `Book::begin`, which asks for no record under a beat older than TTL/2. A record written under
+// an older beat only starts a run the fence stops soon after (docs/reliability.md).
+mutant!(mutant_watch, Guard::Watch, Focus::None, 200, "DeadVerdict");
+mutant!(
+    mutant_fence,
+    Guard::Fence,
+    Focus::StaleRecord,
+    2_000,
+    "DeadVerdict"
+);
+mutant!(
+    mutant_unseen,
+    Guard::Unseen,
+    Focus::Invisible,
+    2_000,
+    "Safety(SameWho)"
+);
+mutant!(
+    mutant_shadowed,
+    Guard::Shadowed,
+    Focus::Invisible,
+    1_000,
+    "Safety(SameWho)"
+);
+mutant!(
+    mutant_recover_lock,
+    Guard::RecoverLock,
+    Focus::Crowd,
+    3_000,
+    "Safety(UnlockRace)"
+);
+mutant!(
+    mutant_live_on_host,
+    Guard::LiveOnHost,
+    Focus::Crowd,
+    3_000,
+    "Safety(SameWho)" | "Safety(OwnUnrecorded)" | "Safety(SameState)"
+);
+mutant!(
+    mutant_lock_file_inode,
+    Guard::LockFileInode,
+    Focus::Restore,
+    1_000,
+    "Safety(ReplacedLockFile)"
+);
+mutant!(
+    mutant_state_identity,
+    Guard::StateIdentity,
+    Focus::Aliases,
+    2_000,
+    "Safety(SameState)"
+);
+mutant!(
+    mutant_owners_ttl,
+    Guard::OwnersTtl,
+    Focus::OwnersTtl,
+    1_000,
+    "DeadVerdict (judged by a TTL shorter than the owner's)" | "Safety(OwnersTtl)"
+);
+mutant!(
+    mutant_live_runs,
+    Guard::LiveRuns,
+    Focus::TwoHelpers,
+    3_000,
+    "Safety(InitsLiveRun)" | "Safety(SameState)"
+);
+// The recovery Lease's fence: since group commit (fewer, batched requests per node) `lease-crowd`
+// finds it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
+// from seed 0 would take minutes of CI, so the search covers the window that holds today's first
+// seed. A change of the model that moves it fails this test loudly; retune the focus then
+// (docs/reliability.md).
+#[test]
+fn mutant_recovery_held() {
+    let o = Opts {
+        max_ttls: 10,
+        ..TODAY
+    };
+    find_without_in(
+        Guard::RecoveryHeld,
+        Focus::LeaseCrowd,
+        15_000..16_000,
+        "RecoveryHeld off: [\"Safety(UnlockRace)\"]",
+        o,
+        |v| v.sig == "Safety(UnlockRace)",
+    );
+}
+mutant!(
+    mutant_wordings,
+    Guard::Wordings,
+    Focus::Wording,
+    1_000,
+    "Progress (probe could not tell)"
+);

@@ -20,6 +20,15 @@ fn at(t0: Instant, ms: u64) -> Now {
     }
 }
 
+/// The request to create run `n`'s record (`r<n>`), with no environment.
+fn create(n: u64) -> Work {
+    Work::Create {
+        run: RunId::from(n),
+        record: record(&format!("r{n}")),
+        env: Vec::new(),
+    }
+}
+
 /// A new machine driven through its store's opening at `now` (first heartbeat, tidying) up to
 /// the opening scan's listing, which it asks for.
 fn up_to_listing(now: Now) -> Machine {
@@ -98,11 +107,7 @@ fn the_first_job_opens_the_store_and_the_heartbeat_follows_every_third_of_the_tt
 fn a_create_under_a_stale_heartbeat_waits_for_a_new_one_and_fails_without_it() {
     let t0 = Instant::now();
     let mut m = opened(t0);
-    m.request(Work::Create {
-        run: RunId::from(1),
-        record: record("r1"),
-        env: Vec::new(),
-    });
+    m.request(create(1));
     // 11 s after the last heartbeat that landed: older than TTL/3.
     let later = at(t0, 11_000);
     let mut ops = Vec::new();
@@ -159,11 +164,7 @@ fn create_after_a_failed_heartbeat() -> Op {
         Outcome::Wrote(Err(io::Error::other("full"))),
         at(t0, 10_000),
     );
-    m.request(Work::Create {
-        run: RunId::from(1),
-        record: record("r1"),
-        env: Vec::new(),
-    });
+    m.request(create(1));
     let Next::Do(op) = m.next(at(t0, 15_000)) else {
         panic!("a job");
     };
@@ -190,11 +191,7 @@ fn a_failed_removal_is_tried_again_after_the_next_heartbeat_that_lands() {
     let t0 = Instant::now();
     let mut m = opened(t0);
     let now = at(t0, 1);
-    m.request(Work::Create {
-        run: RunId::from(1),
-        record: record("r1"),
-        env: Vec::new(),
-    });
+    m.request(create(1));
     assert!(matches!(m.next(now), Next::Do(Op::Apply(_))));
     m.finished(Outcome::Applied(vec![Ok("r1".into())]), now);
     m.request(Work::Remove {
@@ -258,11 +255,7 @@ fn a_store_that_failed_at_open_is_listed_and_tried_again_quietly_on_the_heartbea
         "{first:?}"
     );
     // Nothing is written meanwhile; a create is refused at once.
-    m.request(Work::Create {
-        run: RunId::from(1),
-        record: record("r1"),
-        env: Vec::new(),
-    });
+    m.request(create(1));
     assert_eq!(m.next(at(t0, 1)), Next::Wait(t0 + TTL / 3));
     assert!(matches!(
         &m.take_out()[..],
@@ -394,19 +387,11 @@ fn sixteen_creates_queued_behind_a_batch_go_out_as_the_next_one() {
     let t0 = Instant::now();
     let mut m = opened(t0);
     let now = at(t0, 5);
-    m.request(Work::Create {
-        run: RunId::from(1),
-        record: record("r1"),
-        env: Vec::new(),
-    });
+    m.request(create(1));
     assert_eq!(batch(m.next(now)), ["put r1 []"]);
     // While the first batch is in flight, fifteen more runs start.
     for i in 2..=16 {
-        m.request(Work::Create {
-            run: RunId::from(i),
-            record: record(&format!("r{i}")),
-            env: Vec::new(),
-        });
+        m.request(create(i));
     }
     m.finished(Outcome::Applied(vec![Ok("/s/r1".into())]), now);
     assert_eq!(answers(&mut m), (vec!["created r1 true".to_string()], 1));
@@ -505,11 +490,7 @@ fn a_batch_with_a_create_under_a_stale_heartbeat_follows_a_new_one_and_without_i
     for lands in [true, false] {
         let mut m = opened(t0);
         let now = at(t0, 5);
-        m.request(Work::Create {
-            run: RunId::from(1),
-            record: record("r1"),
-            env: Vec::new(),
-        });
+        m.request(create(1));
         assert_eq!(batch(m.next(now)), ["put r1 []"]);
         m.finished(Outcome::Applied(vec![Ok("/s/r1".into())]), now);
         answers(&mut m);
@@ -517,11 +498,7 @@ fn a_batch_with_a_create_under_a_stale_heartbeat_follows_a_new_one_and_without_i
         // progress and a create wait.
         let later = at(t0, 10_500);
         m.request(crate::locks::recorder::tests::progress("r1", &["a"]));
-        m.request(Work::Create {
-            run: RunId::from(2),
-            record: record("r2"),
-            env: Vec::new(),
-        });
+        m.request(create(2));
         let mut ops = Vec::new();
         loop {
             match m.next(later) {

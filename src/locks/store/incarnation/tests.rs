@@ -25,6 +25,18 @@ fn run(owner: &Owner, i: u32) -> Record {
 }
 
 /// The names of the files in `records/`, sorted.
+/// Runs 1..=n of `owner` written in one batch: their ids.
+fn put_runs(store: &FileStore, owner: &Owner, n: u32) -> Vec<RecordId> {
+    let batch: Vec<Change> = (1..=n)
+        .map(|i| Change::Put(Box::new(run(owner, i))))
+        .collect();
+    store
+        .apply(&batch)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
 fn files(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir.join("records"))
         .unwrap()
@@ -50,14 +62,7 @@ fn records(store: &FileStore) -> Vec<(RecordId, Record)> {
 fn a_batch_of_sixteen_records_is_one_file_read_back_record_by_record() {
     let (dir, store) = temp_store("batch");
     let owner = Owner::current("pod-a", None);
-    let batch: Vec<Change> = (1..=16)
-        .map(|i| Change::Put(Box::new(run(&owner, i))))
-        .collect();
-    let ids: Vec<RecordId> = store
-        .apply(&batch)
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let ids = put_runs(&store, &owner, 16);
     let file = store.incarnation_path(&owner);
     assert_eq!(
         files(&dir),
@@ -100,14 +105,7 @@ fn a_batch_of_sixteen_records_is_one_file_read_back_record_by_record() {
 fn one_record_set_aside_leaves_the_others_of_its_incarnation() {
     let (dir, store) = temp_store("aside");
     let owner = Owner::current("pod-a", None);
-    let batch: Vec<Change> = (1..=3)
-        .map(|i| Change::Put(Box::new(run(&owner, i))))
-        .collect();
-    let ids: Vec<RecordId> = store
-        .apply(&batch)
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let ids = put_runs(&store, &owner, 3);
     let aside = store.set_aside(&ids[1], &Aside::Manual).unwrap();
     let path = aside.as_file().unwrap().to_path_buf();
     assert!(

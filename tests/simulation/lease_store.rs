@@ -30,7 +30,7 @@ use tfinit::locks::store::Change;
 
 use super::api::{call, retried, Body, Pre, Refusal};
 use super::exec::Sim;
-use super::world::{record_path, Ms, Stored, StoredBeat, World};
+use super::world::{record_path, Ms, StoredBeat, World};
 
 /// The name of record `id`'s Lease.
 pub fn record_name(id: u64) -> String {
@@ -386,27 +386,7 @@ async fn put_record(
     });
     let rec = Rc::new(*record);
     let land = move |w: &mut World| {
-        let stale = first
-            && w.incs[inc]
-                .beat_landed
-                .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
-        let landed = w.now;
-        let rec = Rc::clone(&rec);
-        w.log(|| {
-            format!(
-                "record Lease {id} of {} ({}) lands",
-                rec.run_id, rec.owner.name
-            )
-        });
-        w.store.records.insert(
-            id,
-            Stored {
-                inc,
-                rec,
-                landed_stale: stale,
-                landed,
-            },
-        );
+        super::recorder::land(w, id, inc, Rc::clone(&rec), first, "record Lease");
     };
     let r = kube
         .put(sim, &record_name(id), Body::Record(id), land)

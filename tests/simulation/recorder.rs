@@ -11,7 +11,7 @@ use std::io;
 use std::rc::Rc;
 use std::time::Duration;
 
-use tfinit::locks::record::{FileId, Owner};
+use tfinit::locks::record::{FileId, Owner, Record};
 use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::machine::{HeartbeatRead, Held, Machine, Next, Now, Op, Out, Outcome};
 use tfinit::locks::recorder::Entry;
@@ -261,36 +261,7 @@ async fn perform(
             let result = sim
                 .write(node, move |w| {
                     for (id, new, rec) in puts {
-                        // A create lands under a stale heartbeat when its owner's last one that
-                        // landed was stamped more than a TTL before (an issue 18 finding).
-                        let stale = new
-                            && w.incs[inc]
-                                .beat_landed
-                                .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
-                        if new {
-                            w.log(|| {
-                                format!(
-                                    "record {id} of {} ({}) lands{}",
-                                    rec.run_id,
-                                    rec.owner.name,
-                                    if stale {
-                                        " under a stale heartbeat"
-                                    } else {
-                                        ""
-                                    }
-                                )
-                            });
-                        }
-                        let landed = w.now;
-                        w.store.records.insert(
-                            id,
-                            Stored {
-                                inc,
-                                rec,
-                                landed_stale: stale,
-                                landed,
-                            },
-                        );
+                        land(w, id, inc, rec, new, "record");
                     }
                     for id in removes {
                         w.store.records.remove(&id);
@@ -365,4 +336,38 @@ impl World {
     pub fn ttl_of(&self, inc: usize) -> Duration {
         Duration::from_millis(self.incs[inc].ttl)
     }
+}
+
+/// Record `id` of incarnation `inc` lands now in either store (`what`: "record", "record
+/// Lease"), `new` when this is its create. A create lands under a stale heartbeat when its
+/// owner's last one that landed was stamped more than a TTL before (an issue 18 finding).
+pub fn land(w: &mut World, id: u64, inc: usize, rec: Rc<Record>, new: bool, what: &str) {
+    let stale = new
+        && w.incs[inc]
+            .beat_landed
+            .is_none_or(|b| w.now.saturating_sub(b) > w.incs[inc].ttl);
+    if new {
+        w.log(|| {
+            format!(
+                "{what} {id} of {} ({}) lands{}",
+                rec.run_id,
+                rec.owner.name,
+                if stale {
+                    " under a stale heartbeat"
+                } else {
+                    ""
+                }
+            )
+        });
+    }
+    let landed = w.now;
+    w.store.records.insert(
+        id,
+        Stored {
+            inc,
+            rec,
+            landed_stale: stale,
+            landed,
+        },
+    );
 }

@@ -120,13 +120,16 @@ pub trait Store: Send {
     /// each change's result, in order (a put's id; a removal's id as given). A store that can do
     /// no better than one change after the other: the default.
     fn apply(&self, changes: &[Change]) -> Vec<io::Result<RecordId>> {
-        changes
-            .iter()
-            .map(|c| match c {
-                Change::Put(r) => self.write(r),
-                Change::Remove(id) => self.remove(id).map(|()| id.clone()),
-            })
-            .collect()
+        changes.iter().map(|c| self.apply_one(c)).collect()
+    }
+
+    /// One change of a batch on its own: a put is [`write`](Store::write), a removal
+    /// [`remove`](Store::remove) (its id as given).
+    fn apply_one(&self, change: &Change) -> io::Result<RecordId> {
+        match change {
+            Change::Put(r) => self.write(r),
+            Change::Remove(id) => self.remove(id).map(|()| id.clone()),
+        }
     }
 
     /// Sets a record aside so no recovery reads it again; returns its new id.

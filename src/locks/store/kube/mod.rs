@@ -80,15 +80,6 @@ impl KubeStore {
         self
     }
 
-    /// One change of a batch (not inlined into each thread of [`Store::apply`]: one copy).
-    #[inline(never)]
-    fn apply_one(&self, c: &Change) -> io::Result<RecordId> {
-        match c {
-            Change::Put(r) => self.write(r),
-            Change::Remove(id) => self.remove(id).map(|()| id.clone()),
-        }
-    }
-
     /// The namespace.
     pub fn namespace(&self) -> &str {
         self.client.namespace()

@@ -439,8 +439,18 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     assert_eq!(hb["owner"]["name"], "pod-r");
     let bound = TTL.as_millis() as u64 / 3 + 1000;
     let mut beats = vec![first];
+    // Between beats the recorder's thread ends (it is started again for each): the idle init is
+    // one thread.
+    let pid1 = pod.pid1();
+    let mut threads_seen = Vec::new();
     let deadline = Instant::now() + STEP;
     while pod.child.try_wait().expect("try_wait the pod").is_none() {
+        if let Ok(tasks) = fs::read_dir(format!("/proc/{pid1}/task")) {
+            let n = tasks.count();
+            if !threads_seen.contains(&n) {
+                threads_seen.push(n);
+            }
+        }
         assert!(
             Instant::now() < deadline,
             "the pod (sh -c 'sleep 4') still runs after {STEP:?}"
@@ -472,6 +482,10 @@ fn the_heartbeat_is_refreshed_every_third_of_the_ttl() {
     assert!(pod.wait().success(), "{}", pod.log());
     // Over 4 s with an age bound of 2 s, the heartbeat must have been refreshed.
     assert!(beats.len() >= 2, "no refresh in 4 s: {beats:?}");
+    assert!(
+        threads_seen.contains(&1),
+        "the init never ran as one thread between heartbeats (thread counts seen: {threads_seen:?})"
+    );
 }
 
 /// Progress is written as soon as it is seen (issue: 5 of 78 orphans in the chaos run died inside

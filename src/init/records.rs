@@ -192,9 +192,23 @@ impl Records {
         out
     }
 
-    /// The book's timers (due at `self.book().next_wakeup()`): records that did not land in
-    /// time, the fence, a stale heartbeat.
+    /// When [`Records::record_timers`] is next due: the book's timers, and the recorder's
+    /// heartbeat while its thread is not running.
+    pub(super) fn next_wakeup(&self) -> Option<Instant> {
+        let recorder = self.recorder.as_ref().and_then(Recorder::wake_at);
+        [self.book.next_wakeup(), recorder]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The book's timers (due at [`Records::next_wakeup`]): records that did not land in
+    /// time, the fence, a stale heartbeat; and the recorder's thread started again for its
+    /// heartbeat.
     pub(super) fn record_timers(&mut self, now: Instant) -> Vec<RecordEvent> {
+        if let Some(recorder) = &self.recorder {
+            recorder.tick(now);
+        }
         let events = self.book.tick(now);
         self.handle(events, now)
     }

@@ -493,7 +493,7 @@ impl Init {
     pub(super) fn timeout(&self) -> EpollTimeout {
         let next = [
             self.timeline.next_wakeup(),
-            self.records.book().next_wakeup(),
+            self.records.next_wakeup(),
             self.runs.next_wakeup(),
             self.conns.next_wakeup(),
         ]

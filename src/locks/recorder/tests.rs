@@ -229,6 +229,8 @@ fn collect_until(
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut seen = Vec::new();
     loop {
+        // The loop's part: the thread, ended while idle, starts again for its heartbeat.
+        r.tick(Instant::now());
         for c in r.take_completions() {
             let done = f(&c);
             seen.push(c);
@@ -583,4 +585,66 @@ fn a_record_lands_only_under_a_heartbeat_younger_than_a_third_of_the_ttl() {
     let log = store.with(|i| i.log.clone());
     let at = log.iter().position(|l| l == "create r2").unwrap();
     assert_eq!(log[at - 1], "heartbeat", "{log:?}");
+}
+
+/// Polls `f` every 2 ms until it holds, playing the loop's part (the timer that starts the
+/// thread again); fails after 10 s naming `what`.
+fn poll_until(r: &Recorder, what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        r.tick(Instant::now());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn the_thread_ends_when_idle_and_a_request_starts_it_again() {
+    let store = TestStore::default();
+    let r = started(&store);
+    poll_until(&r, "the idle thread to end", || r.is_idle());
+    // The heartbeat is the next timed work: the loop is told when to start the thread for it.
+    let until = r.wake_at().expect("a time to start the thread again");
+    assert!(
+        until <= Instant::now() + Duration::from_secs(10),
+        "TTL/3 at most: {until:?}"
+    );
+    r.send(create("r1")).unwrap();
+    assert!(!r.is_idle(), "the request started a thread");
+    let seen = collect_until(&r, "r1's create", |c| {
+        matches!(c, Completion::Created { .. })
+    });
+    assert!(
+        matches!(seen.last(), Some(Completion::Created { result: Ok(_), .. })),
+        "{seen:?}"
+    );
+    assert!(writes(&store).contains(&"create r1".to_string()));
+    poll_until(&r, "the thread to end again", || r.is_idle());
+}
+
+#[test]
+fn an_idle_recorder_beats_only_when_the_loop_starts_it_on_its_timer() {
+    let store = TestStore::default();
+    let ttl = Duration::from_millis(300);
+    let r = Recorder::start(Box::new(store.clone()), me(), ttl).unwrap();
+    collect_until(&r, "Opened", |c| matches!(c, Completion::Opened { .. }));
+    let beats = || store.with(|i| i.log.iter().filter(|l| *l == "heartbeat").count());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !r.is_idle() {
+        assert!(Instant::now() < deadline, "the thread never ended");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Without the loop's timer nothing beats: no thread runs.
+    let before = beats();
+    std::thread::sleep(ttl);
+    assert_eq!(beats(), before, "a heartbeat with no thread running");
+    assert!(r.wake_at().is_some_and(|t| t <= Instant::now()), "overdue");
+    // With it, the heartbeat keeps its pace of TTL/3.
+    let start = Instant::now();
+    poll_until(&r, "five more heartbeats", || beats() >= before + 5);
+    assert!(
+        start.elapsed() < ttl * 5,
+        "five beats at TTL/3 took {:?}",
+        start.elapsed()
+    );
 }

@@ -1,12 +1,20 @@
 //! The recorder thread: the loop's handle on it ([`Recorder`]), the channels and the eventfd
 //! between them, and the thread itself, which performs each storage operation the [`Machine`]
 //! asks for on the [`Store`] and hands its completions to the loop.
+//!
+//! The thread ends when it has nothing to do for longer than [`LINGER`] (between two heartbeats,
+//! most of the time): its state (the machine, the store, its end of the channels) waits in the
+//! handle, and the loop starts a thread again for the next request or when the machine's next
+//! timed work (the heartbeat) is due ([`Recorder::wake_at`], [`Recorder::tick`]). An idle init is
+//! then one thread: its exit does not wait for the kernel to kill a second one (measured: an idle
+//! second thread added about 110 µs to the exit, and up to milliseconds under load), and it holds
+//! no thread stack. Starting a thread (clone(2), a stack mapping) never waits on storage.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -17,6 +25,14 @@ use crate::locks::record::{now_ms, Found, Owner};
 use crate::locks::store::Store;
 use crate::locks::who::passwd_user;
 
+/// How long the thread waits with nothing to do before it ends (its state then waits in the
+/// handle). Requests that come together (a run's create, its first progress) share one thread;
+/// an init that has been idle this long has no second thread.
+pub const LINGER: Duration = Duration::from_millis(10);
+/// How long after a failed start of the thread (clone(2) refused: a thread limit, no memory)
+/// the loop tries again.
+const RESTART_AFTER: Duration = Duration::from_secs(1);
+
 /// The loop's handle on the recorder thread.
 #[derive(Debug)]
 pub struct Recorder {
@@ -25,6 +41,47 @@ pub struct Recorder {
     ready: Arc<Doorbell>,
     /// Record writes (create, progress, end, remove) asked for and not finished.
     writes: Arc<AtomicUsize>,
+    /// Who has the thread's state: a running thread, or the handle while none runs.
+    shift: Arc<Mutex<Shift>>,
+}
+
+/// Where the thread's state is. The loop and the thread take the mutex only to move the state
+/// (never around storage work), so the loop never waits on it for long.
+enum Shift {
+    /// A thread runs with it.
+    Working,
+    /// A thread was started and has not taken it yet.
+    Handing(Box<Worker>),
+    /// No thread runs: the next one starts for a request, or at `until` (the machine's next timed
+    /// work), or, when `failed`, no sooner than `until` (the last start was refused).
+    Idle {
+        worker: Box<Worker>,
+        until: Instant,
+        failed: bool,
+    },
+}
+
+impl std::fmt::Debug for Shift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shift::Working => f.write_str("Working"),
+            Shift::Handing(_) => f.write_str("Handing"),
+            Shift::Idle { until, failed, .. } => f
+                .debug_struct("Idle")
+                .field("until", until)
+                .field("failed", failed)
+                .finish(),
+        }
+    }
+}
+
+/// Everything the thread works with, which outlives each thread.
+struct Worker {
+    store: Box<dyn Store>,
+    me: Owner,
+    machine: Machine,
+    inbox: Receiver<Work>,
+    out: Outbox,
 }
 
 impl Recorder {
@@ -46,15 +103,76 @@ impl Recorder {
             ready: Arc::clone(&ready),
             writes: Arc::clone(&writes),
         };
-        std::thread::Builder::new()
-            .name("tfinit-recorder".into())
-            .spawn(move || serve(&*store, &me, machine, &inbox, &out))?;
+        let worker = Box::new(Worker {
+            store,
+            me,
+            machine,
+            inbox,
+            out,
+        });
+        let shift = Arc::new(Mutex::new(Shift::Handing(worker)));
+        spawn(&shift)?;
         Ok(Recorder {
             requests,
             completions,
             ready,
             writes,
+            shift,
         })
+    }
+
+    /// When the loop must start the thread again for the machine's timed work (the heartbeat),
+    /// while none runs; never blocks for long (a mutex the thread holds only to hand its state
+    /// over).
+    pub fn wake_at(&self) -> Option<Instant> {
+        match &*lock(&self.shift) {
+            Shift::Idle { until, .. } => Some(*until),
+            _ => None,
+        }
+    }
+
+    /// At `now`: starts the thread again when none runs and its timed work is due.
+    pub fn tick(&self, now: Instant) {
+        if self.wake_at().is_some_and(|until| now >= until) {
+            self.wake(true);
+        }
+    }
+
+    /// Starts a thread when none runs (`due`: also after a refused start, else only when none
+    /// was refused: a refused start is tried again on the timer, not on every request).
+    fn wake(&self, due: bool) {
+        {
+            let mut shift = lock(&self.shift);
+            match std::mem::replace(&mut *shift, Shift::Working) {
+                Shift::Idle { worker, failed, .. } if due || !failed => {
+                    *shift = Shift::Handing(worker);
+                }
+                other => {
+                    *shift = other;
+                    return;
+                }
+            }
+        }
+        if let Err(e) = spawn(&self.shift) {
+            let mut shift = lock(&self.shift);
+            if let Shift::Handing(worker) = std::mem::replace(&mut *shift, Shift::Working) {
+                tracing::warn!(
+                    error = %e, retry_seconds = RESTART_AFTER.as_secs_f64(),
+                    "cannot start the lock-owner recorder thread again (clone(2) refused: a thread or memory limit of the container?): record writes and the heartbeat wait until it starts; raise the limit if this repeats"
+                );
+                *shift = Shift::Idle {
+                    worker,
+                    until: Instant::now() + RESTART_AFTER,
+                    failed: true,
+                };
+            }
+        }
+    }
+
+    /// Whether no thread runs now (the tests look).
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
+        matches!(&*lock(&self.shift), Shift::Idle { .. })
     }
 
     /// The descriptor to register in epoll (readable when completions are waiting).
@@ -73,7 +191,11 @@ impl Recorder {
                 self.writes.fetch_sub(1, Ordering::SeqCst);
             }
             Gone
-        })
+        })?;
+        // After the send: a thread that is ending takes the mutex to check its inbox before it
+        // hands its state over, so either it sees this request or this sees it idle.
+        self.wake(false);
+        Ok(())
     }
 
     /// Every completion waiting (resets the eventfd first, so none is missed); never blocks.
@@ -95,6 +217,8 @@ impl Recorder {
         let mut out = Vec::new();
         loop {
             out.extend(self.take_completions());
+            // A thread that could not be started is tried again on its timer.
+            self.tick(Instant::now());
             if self.writes_pending() == 0 {
                 return (out, true);
             }
@@ -194,37 +318,82 @@ impl Outbox {
     }
 }
 
-/// The thread: the machine's operations on the store, one at a time, until the loop drops its
-/// handle (the init is exiting).
-fn serve(
-    store: &dyn Store,
-    me: &Owner,
-    mut machine: Machine,
-    inbox: &Receiver<Work>,
-    out: &Outbox,
-) {
+/// Starts a thread that takes the state waiting in `shift` (Handing) and serves it.
+fn spawn(shift: &Arc<Mutex<Shift>>) -> io::Result<()> {
+    let shift = Arc::clone(shift);
+    std::thread::Builder::new()
+        .name("tfinit-recorder".into())
+        .spawn(move || {
+            let worker = {
+                let mut s = lock(&shift);
+                match std::mem::replace(&mut *s, Shift::Working) {
+                    Shift::Handing(worker) => worker,
+                    // Not ours to take (cannot happen: a thread is started only for Handing).
+                    other => {
+                        *s = other;
+                        return;
+                    }
+                }
+            };
+            serve(worker, &shift);
+        })
+        .map(|_| ())
+}
+
+/// The mutex's state, even if a thread panicked while holding it (the state it holds is whole
+/// between statements: each change is one `mem::replace`).
+fn lock(shift: &Mutex<Shift>) -> std::sync::MutexGuard<'_, Shift> {
+    shift.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The thread: the machine's operations on the store, one at a time, until nothing is left to
+/// do for [`LINGER`] (the state goes back to the handle and the thread ends) or the loop drops
+/// its handle (the init is exiting).
+fn serve(mut w: Box<Worker>, shift: &Mutex<Shift>) {
     loop {
-        for r in inbox.try_iter() {
-            machine.request(r);
+        for r in w.inbox.try_iter() {
+            w.machine.request(r);
         }
         // What came of the requests, or of a job that needed no storage, goes out before the
         // operation or the wait.
-        let next = machine.next(now());
-        out.flush(&mut machine);
+        let next = w.machine.next(now());
+        w.out.flush(&mut w.machine);
         match next {
             Next::Do(op) => {
-                let outcome = perform(store, me, op);
-                machine.finished(outcome, now());
+                let outcome = perform(&*w.store, &w.me, op);
+                w.machine.finished(outcome, now());
             }
             Next::Wait(until) => {
-                match inbox.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                    Ok(r) => machine.request(r),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                let wait = until.saturating_duration_since(Instant::now());
+                match w.inbox.recv_timeout(wait.min(LINGER)) {
+                    Ok(r) => w.machine.request(r),
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    Err(mpsc::RecvTimeoutError::Timeout) if wait > LINGER => {
+                        // Idle: the state goes back to the handle, unless a request came in
+                        // meanwhile (checked under the mutex the loop takes after each send).
+                        let mut s = lock(shift);
+                        match w.inbox.try_recv() {
+                            Ok(r) => w.machine.request(r),
+                            Err(mpsc::TryRecvError::Disconnected) => return,
+                            Err(mpsc::TryRecvError::Empty) => {
+                                let ready = Arc::clone(&w.out.ready);
+                                *s = Shift::Idle {
+                                    worker: w,
+                                    until,
+                                    failed: false,
+                                };
+                                drop(s);
+                                // The loop sets its timer for `until` on this wake-up.
+                                ready.ring();
+                                return;
+                            }
+                        }
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
                 }
             }
         }
-        out.flush(&mut machine);
+        w.out.flush(&mut w.machine);
     }
 }
 

@@ -1,4 +1,5 @@
-//! The recorder: one thread beside the PID-1 loop that owns the [`Store`](super::store::Store)
+//! The recorder: one thread beside the PID-1 loop (while it has work: it ends when idle, and
+//! the loop starts it again, see `thread.rs`) that owns the [`Store`](super::store::Store)
 //! and does all of its
 //! storage work (opening, probing, sweeping and pruning the store, the heartbeat, record create,
 //! progress, end and remove, and the scans for dead owners' records), so the loop never waits on
@@ -6,8 +7,9 @@
 //!
 //! The loop sends [`Work`]s over an unbounded channel (a send never blocks) and takes
 //! [`Completion`]s back when the recorder's eventfd, registered in its epoll set, is readable.
-//! The thread is started after main blocked the signals, inherits that mask and changes nothing
-//! in it: every signal stays for the loop's signalfd.
+//! Each thread is started after main blocked the signals (by the loop, which keeps them
+//! blocked), inherits that mask and changes nothing in it: every signal stays for the loop's
+//! signalfd.
 //!
 //! Order of work: the heartbeat goes first (a late heartbeat makes other pods take this owner for
 //! dead); then record writes in the order they were asked for, every write waiting when one
@@ -257,8 +259,8 @@ impl Completion {
     }
 }
 
-/// The recorder thread is gone (it never stops while the loop holds the [`Recorder`], so this is
-/// a bug or a panic in it).
+/// The recorder is gone: its state, with its end of the channel, was dropped (a panic in its
+/// thread; a thread that ends while idle hands its state back to the [`Recorder`] instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the recorder thread is gone")]
 pub struct Gone;

@@ -140,6 +140,8 @@
 mod api;
 #[path = "simulation/backend.rs"]
 mod backend;
+#[path = "simulation/booked.rs"]
+mod booked;
 #[path = "simulation/check.rs"]
 mod check;
 #[path = "simulation/exec.rs"]

@@ -1,8 +1,10 @@
-//! Lock-owner records, as the loop sees them: the book (what the loop knows about the store and
-//! each state-locking run's record, in memory) and the handle on the recorder thread (which does
-//! every storage call beside the loop). This concern is the only writer of the book: the runs
-//! read it through [`Records::book`] (read-only) and ask for changes with [`Record`] actions,
-//! which the loop hands to [`Records::apply`]. It takes the recorder's completions and its timers,
+//! Lock-owner records, as the loop sees them: the book (what the loop knows about the store, in
+//! memory), each state-locking run's record part in the run's entry of the one table of runs
+//! ([`RunTable`], which the runs hold), and the handle on the recorder thread (which does every
+//! storage call beside the loop). This concern is the only writer of the book and of the record
+//! parts: the runs read them through [`Records::book`] and their table (read-only) and ask for
+//! changes with [`Record`] actions, which the loop hands to [`Records::apply`] with the table.
+//! Generic over the run part (`R`), nothing here can read or build a run's part. It takes the recorder's completions and its timers,
 //! and tells the runs which of them may start and which the fence stops ([`RecordEvent`]).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::spawn::RecoveryArgs;
 use crate::config::InitConfig;
-use crate::locks::book::{Book, Event, NewRun, Start};
+use crate::locks::book::{Book, Event, Left, NewRun, RunRecord, RunTable, Start};
 use crate::locks::liveness::{monotonic_ns, Observer};
 use crate::locks::names::RunId;
 use crate::locks::record::{self, Ended, Owner};
@@ -46,8 +48,8 @@ pub(super) enum Record {
     /// A run is over: its record, when it has one, is marked ended (`ended`: it may have left
     /// its lock) or removed.
     Close {
-        /// The run.
-        run: RunId,
+        /// The run, as it left the table (what closing its record takes).
+        left: Left,
         /// How it ended, when that may have left its lock.
         ended: Option<Ended>,
         /// The operations it left unfinished.
@@ -161,7 +163,8 @@ impl Records {
                 let failed =
                     Completion::not_usable(format!("cannot start the recorder thread: {e}"));
                 // No run exists yet: only the warning comes of it.
-                records.complete(failed, now);
+                let mut none = RunTable::<(), RunRecord>::new();
+                records.complete(&mut none, failed, now);
             }
         }
         records
@@ -179,7 +182,11 @@ impl Records {
 
     /// Takes in what the recorder did (never blocks): before anything is decided on records, so
     /// decisions use the latest table (the recorder rescans quietly after each heartbeat).
-    pub(super) fn take_news(&mut self, now: Instant) -> Vec<RecordEvent> {
+    pub(super) fn take_news<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        now: Instant,
+    ) -> Vec<RecordEvent> {
         let done = self
             .recorder
             .as_ref()
@@ -187,16 +194,16 @@ impl Records {
             .unwrap_or_default();
         let mut out = Vec::new();
         for c in done {
-            out.extend(self.complete(c, now));
+            out.extend(self.complete(runs, c, now));
         }
         out
     }
 
     /// When [`Records::record_timers`] is next due: the book's timers, and the recorder's
     /// heartbeat while its thread is not running.
-    pub(super) fn next_wakeup(&self) -> Option<Instant> {
+    pub(super) fn next_wakeup<R>(&self, runs: &RunTable<R, RunRecord>) -> Option<Instant> {
         let recorder = self.recorder.as_ref().and_then(Recorder::wake_at);
-        [self.book.next_wakeup(), recorder]
+        [self.book.next_wakeup(runs), recorder]
             .into_iter()
             .flatten()
             .min()
@@ -205,11 +212,15 @@ impl Records {
     /// The book's timers (due at [`Records::next_wakeup`]): records that did not land in
     /// time, the fence, a stale heartbeat; and the recorder's thread started again for its
     /// heartbeat.
-    pub(super) fn record_timers(&mut self, now: Instant) -> Vec<RecordEvent> {
+    pub(super) fn record_timers<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        now: Instant,
+    ) -> Vec<RecordEvent> {
         if let Some(recorder) = &self.recorder {
             recorder.tick(now);
         }
-        let events = self.book.tick(now);
+        let events = self.book.tick(runs, now);
         self.handle(events, now)
     }
 
@@ -220,35 +231,42 @@ impl Records {
 
     /// Carries out what a run asked of the records at `now`; what it means for the runs comes
     /// back (a run that goes without a record, or news of a recorder found gone).
-    pub(super) fn apply(&mut self, r: Record, now: Instant) -> Vec<RecordEvent> {
+    pub(super) fn apply<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        r: Record,
+        now: Instant,
+    ) -> Vec<RecordEvent> {
         let request = match r {
             Record::Begin { subject, deadline } => {
                 let run = subject.run;
-                match self.create(*subject, now, deadline) {
+                match self.create(runs, *subject, now, deadline) {
                     Some(create) => create,
                     None => return vec![RecordEvent::Unrecorded(run)],
                 }
             }
-            Record::Progress { run, in_progress } => match self.book.progress(run, in_progress) {
-                Some(update) => update,
-                None => return Vec::new(),
-            },
+            Record::Progress { run, in_progress } => {
+                match self.book.progress(runs, run, in_progress) {
+                    Some(update) => update,
+                    None => return Vec::new(),
+                }
+            }
             Record::Close {
-                run,
+                left,
                 ended,
                 in_progress,
-            } => match self.book.exited(run, ended, in_progress) {
+            } => match self.book.exited(runs, left, ended, in_progress) {
                 Some(close) => close,
                 None => return Vec::new(),
             },
             Record::RecoveryDone { workdir } => self.book.recovery_done(&workdir, now),
         };
-        self.send(request)
+        self.send(runs, request)
     }
 
     /// Queues storage work; never blocks. A recorder that is gone (its thread died) makes the
     /// store unusable: runs go on without records.
-    fn send(&mut self, request: Work) -> Vec<RecordEvent> {
+    fn send<R>(&mut self, runs: &mut RunTable<R, RunRecord>, request: Work) -> Vec<RecordEvent> {
         #[cfg(test)]
         self.sent.push(request.clone());
         let Some(recorder) = &self.recorder else {
@@ -260,12 +278,16 @@ impl Records {
         tracing::error!("the lock-owner recorder thread is gone: tfinit goes on without lock-owner records (state-locking runs start without one); restart the pod to get them back");
         self.recorder = None;
         let gone = Completion::not_usable("the recorder thread is gone".into());
-        self.complete(gone, Instant::now())
+        self.complete(runs, gone, Instant::now())
     }
 
     /// At exit: waits at most min(1 s, the time left to `deadline`) for queued and in-flight
     /// record writes, so a finished run's record does not stay behind.
-    pub(super) fn settle(&mut self, deadline: Option<Instant>) {
+    pub(super) fn settle<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        deadline: Option<Instant>,
+    ) {
         let Some(recorder) = &self.recorder else {
             return;
         };
@@ -279,7 +301,7 @@ impl Records {
         let (done, all) = recorder.wait_idle(now + wait);
         let now = Instant::now();
         for c in done {
-            for e in self.book.on_completion(c, now) {
+            for e in self.book.on_completion(runs, c, now) {
                 if let Event::Log(notice) = e {
                     notice.log();
                 }
@@ -295,7 +317,12 @@ impl Records {
 
     /// What a recovery helper for `workdir` is given, and whether it would only watch owners
     /// this pod has not watched for a TTL yet (none known dead).
-    pub(super) fn recovery_args(&self, workdir: &Path, now: Instant) -> (RecoveryArgs, bool) {
+    pub(super) fn recovery_args<R>(
+        &self,
+        runs: &RunTable<R, RunRecord>,
+        workdir: &Path,
+        now: Instant,
+    ) -> (RecoveryArgs, bool) {
         let args = RecoveryArgs {
             state_dir: self.state_dir.clone(),
             store: self.store_setting,
@@ -303,16 +330,22 @@ impl Records {
             owner: self.book.owner().clone(),
             ttl: self.ttl,
             older_ttl: self.older_ttl,
-            live: self.book.live_runs(),
+            live: self.book.live_runs(runs),
             seen: self.book.observations(monotonic_ns),
         };
-        (args, self.book.only_watching(workdir, now))
+        (args, self.book.only_watching(runs, workdir, now))
     }
 
     /// Registers a state-locking run and decides whether it waits for its record (until
     /// `deadline`, or TFINIT_RECORD_TIMEOUT from `now`): the create to send, or None when
     /// terraform starts at once without a record (after the notice, when there is one).
-    fn create(&mut self, s: Subject, now: Instant, deadline: Option<Instant>) -> Option<Work> {
+    fn create<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        s: Subject,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Option<Work> {
         let now_ms = record::now_ms();
         let new = NewRun {
             run: s.run,
@@ -323,7 +356,7 @@ impl Records {
             env: &s.env,
             started_ms: now_ms,
         };
-        let start = self.book.begin(&new, now, deadline);
+        let start = self.book.begin(runs, &new, now, deadline);
         if let Start::Unrecorded(notice) = start {
             if let Some(n) = notice {
                 n.log();
@@ -358,11 +391,16 @@ impl Records {
         })
     }
 
-    fn complete(&mut self, c: Completion, now: Instant) -> Vec<RecordEvent> {
+    fn complete<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        c: Completion,
+        now: Instant,
+    ) -> Vec<RecordEvent> {
         if let Completion::Opened { lock: Some(l), .. } = &c {
             self.incarnation_lock = Some(Arc::clone(l));
         }
-        let events = self.book.on_completion(c, now);
+        let events = self.book.on_completion(runs, c, now);
         self.handle(events, now)
     }
 
@@ -400,8 +438,13 @@ impl Records {
     }
 
     /// Feeds `c` as if the recorder had done it.
-    pub(super) fn feed(&mut self, c: Completion, now: Instant) -> Vec<RecordEvent> {
-        self.complete(c, now)
+    pub(super) fn feed<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        c: Completion,
+        now: Instant,
+    ) -> Vec<RecordEvent> {
+        self.complete(runs, c, now)
     }
 
     /// What was sent to the recorder since the last call.
@@ -415,6 +458,9 @@ mod tests {
     use super::*;
     use crate::locks::book::{Launch, RecordStatus};
     use crate::locks::recorder::{Table, WriteError};
+
+    /// The one table of runs, with no run part (what the runs would hold).
+    type Table0 = RunTable<(), RunRecord>;
 
     fn opened_book(now: Instant) -> Records {
         let me = Owner::current("pod-a", None);
@@ -445,7 +491,7 @@ mod tests {
             beat: Some(now),
             lock: None,
         };
-        assert_eq!(r.feed(opened, now), vec![]);
+        assert_eq!(r.feed(&mut Table0::new(), opened, now), vec![]);
         r
     }
 
@@ -461,9 +507,12 @@ mod tests {
         })
     }
 
-    fn begin(r: &mut Records, run: RunId, t: Instant) -> Vec<RecordEvent> {
+    /// Run `run` enters the table (the runs' part) and asks for its record.
+    fn begin(r: &mut Records, runs: &mut Table0, run: RunId, t: Instant) -> Vec<RecordEvent> {
+        runs.insert(run, ());
         let subject = subject(run);
         r.apply(
+            runs,
             Record::Begin {
                 subject,
                 deadline: None,
@@ -472,33 +521,42 @@ mod tests {
         )
     }
 
-    fn close(r: &mut Records, run: RunId, t: Instant) -> Vec<RecordEvent> {
+    /// Run `run` leaves the table (the runs' part) and its record closes.
+    fn close(r: &mut Records, runs: &mut Table0, run: RunId, t: Instant) -> Vec<RecordEvent> {
+        let (_, left) = runs.remove(&run).expect("in the table");
         let close = Record::Close {
-            run,
+            left,
             ended: None,
             in_progress: vec![],
         };
-        r.apply(close, t)
+        r.apply(runs, close, t)
     }
 
     #[test]
     fn an_open_store_asks_for_a_record_and_its_landing_lets_the_run_start() {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
+        let mut runs = Table0::new();
         let r1 = RunId::from(1);
-        assert_eq!(begin(&mut r, r1, t0), vec![]);
+        assert_eq!(begin(&mut r, &mut runs, r1, t0), vec![]);
         let [Work::Create { run, record, .. }] = &r.take_sent()[..] else {
             panic!("a create");
         };
         assert_eq!((*run, record.run_id.as_str()), (r1, "r1"));
-        assert_eq!(r.book().may_launch(r1), Launch::Yes);
+        assert_eq!(r.book().may_launch(&runs, r1), Launch::Yes);
         let landed = Completion::Created {
             run: r1,
             result: Ok("/state/records/x.json".into()),
         };
-        assert_eq!(r.feed(landed, t0), vec![RecordEvent::Settled(r1)]);
-        assert!(r.book().record(r1).is_some_and(RecordStatus::may_exist));
-        assert_eq!(close(&mut r, r1, t0), vec![]);
+        assert_eq!(
+            r.feed(&mut runs, landed, t0),
+            vec![RecordEvent::Settled(r1)]
+        );
+        assert!(r
+            .book()
+            .record(&runs, r1)
+            .is_some_and(RecordStatus::may_exist));
+        assert_eq!(close(&mut r, &mut runs, r1, t0), vec![]);
         assert_eq!(r.take_sent(), vec![Work::Remove { run: r1 }]);
     }
 
@@ -506,23 +564,27 @@ mod tests {
     fn a_store_that_cannot_be_used_starts_runs_without_records() {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
+        let mut runs = Table0::new();
         let r1 = RunId::from(1);
-        assert_eq!(begin(&mut r, r1, t0), vec![]);
+        assert_eq!(begin(&mut r, &mut runs, r1, t0), vec![]);
         let gone = Completion::not_usable("the recorder thread is gone".into());
-        assert_eq!(r.feed(gone, t0), vec![RecordEvent::Settled(r1)]);
+        assert_eq!(r.feed(&mut runs, gone, t0), vec![RecordEvent::Settled(r1)]);
         let r2 = RunId::from(2);
         assert_eq!(
-            begin(&mut r, r2, t0),
+            begin(&mut r, &mut runs, r2, t0),
             vec![RecordEvent::Unrecorded(r2)],
             "no record any more"
         );
-        assert!(!r.book().record(r2).is_some_and(RecordStatus::may_exist));
+        assert!(!r
+            .book()
+            .record(&runs, r2)
+            .is_some_and(RecordStatus::may_exist));
         let failed = Completion::Created {
             run: r1,
             result: Err(WriteError::NotOpen),
         };
         assert_eq!(
-            r.feed(failed, t0),
+            r.feed(&mut runs, failed, t0),
             vec![],
             "a late answer starts nothing twice"
         );
@@ -532,9 +594,11 @@ mod tests {
     fn a_heartbeat_that_does_not_land_fences_the_recorded_runs() {
         let t0 = Instant::now();
         let mut r = opened_book(t0);
+        let mut runs = Table0::new();
         let r1 = RunId::from(1);
-        begin(&mut r, r1, t0);
+        begin(&mut r, &mut runs, r1, t0);
         r.feed(
+            &mut runs,
             Completion::Created {
                 run: r1,
                 result: Ok("x".into()),
@@ -542,7 +606,7 @@ mod tests {
             t0,
         );
         // 2/3 of the TTL (30 s) without a heartbeat landing.
-        let stop = r.record_timers(t0 + Duration::from_secs(21));
+        let stop = r.record_timers(&mut runs, t0 + Duration::from_secs(21));
         assert_eq!(
             stop,
             vec![RecordEvent::Fence {
@@ -550,8 +614,8 @@ mod tests {
                 kill: false
             }]
         );
-        assert_eq!(r.book().may_launch(r1), Launch::Fenced);
-        let kill = r.record_timers(t0 + Duration::from_secs(28));
+        assert_eq!(r.book().may_launch(&runs, r1), Launch::Fenced);
+        let kill = r.record_timers(&mut runs, t0 + Duration::from_secs(28));
         assert_eq!(
             kill,
             vec![RecordEvent::Fence {

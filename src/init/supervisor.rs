@@ -296,7 +296,7 @@ impl Init {
         let Some(workdir) = self.runs.workdir(run) else {
             return Vec::new();
         };
-        let (args, watching) = self.records.recovery_args(workdir, now);
+        let (args, watching) = self.records.recovery_args(self.runs.table(), workdir, now);
         let Some(request) = self.runs.request_of(run) else {
             return Vec::new();
         };
@@ -308,7 +308,7 @@ impl Init {
     /// A change to the records; what it means for the runs (a run that goes without a record, a
     /// recorder found gone) goes to them.
     fn record(&mut self, r: Record, now: Instant) -> Vec<Action> {
-        let events = self.records.apply(r, now);
+        let events = self.records.apply(self.runs.records_mut(), r, now);
         if events.is_empty() {
             return Vec::new();
         }
@@ -330,7 +330,7 @@ impl Init {
 
     /// Takes in the recorder's news: what it means for the runs.
     fn news(&mut self, now: Instant) -> Vec<Action> {
-        let news = self.records.take_news(now);
+        let news = self.records.take_news(self.runs.records_mut(), now);
         self.runs.on_record_events(news, self.records.book())
     }
 
@@ -493,7 +493,7 @@ impl Init {
     pub(super) fn timeout(&self) -> EpollTimeout {
         let next = [
             self.timeline.next_wakeup(),
-            self.records.next_wakeup(),
+            self.records.next_wakeup(self.runs.table()),
             self.runs.next_wakeup(),
             self.conns.next_wakeup(),
         ]
@@ -523,8 +523,8 @@ impl Init {
         self.apply(steps);
         // The recorder's quiet news first (heartbeats that went well): a stale heartbeat is
         // judged on the latest.
-        let mut events = self.records.take_news(now);
-        events.extend(self.records.record_timers(now));
+        let mut events = self.records.take_news(self.runs.records_mut(), now);
+        events.extend(self.records.record_timers(self.runs.records_mut(), now));
         self.record_events(events);
         let acts = self.runs.run_timers(&self.cfg.state_dir, now);
         self.apply(acts);
@@ -545,8 +545,8 @@ impl Init {
     /// Exits the process with `code`, after the last record writes (bounded) and one last
     /// non-blocking attempt to deliver queued frames (exit codes) to shims.
     pub(super) fn exit(&mut self, code: i32) -> ! {
-        self.records
-            .settle(self.timeline.deadline().map(|(at, _)| at));
+        let deadline = self.timeline.deadline().map(|(at, _)| at);
+        self.records.settle(self.runs.records_mut(), deadline);
         self.conns.write_all_now();
         tracing::info!(exit_code = code, "tfinit exiting");
         // Straight out: the kernel closes our descriptors and frees our memory faster than

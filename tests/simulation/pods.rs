@@ -10,6 +10,7 @@ use super::legacy;
 use super::terraform::PState;
 use tfinit::locks::names::RunId;
 
+use super::booked::Booked;
 use super::world::{BookSide, Ev, Helper, Inc, Life, LockFile, LoopEv, Ms, Rules, Spawn, World};
 
 /// Something the environment does.
@@ -94,7 +95,7 @@ impl World {
         let rt = std::time::Duration::from_millis(self.cfg.record_timeout);
         let host = self.pods[pod].host.clone();
         let book = match self.cfg.rules {
-            Rules::New => BookSide::New(Box::new(Book::new(
+            Rules::New => BookSide::New(Box::new(Booked::new(Book::new(
                 std::path::Path::new("/state"),
                 owner.clone(),
                 Observer::new(ttl, LONGEST_TTL),
@@ -102,7 +103,7 @@ impl World {
                 true,
                 host.clone(),
                 now,
-            ))),
+            )))),
             Rules::Legacy => BookSide::Old(Box::new(legacy::Book::new(
                 owner.clone(),
                 ttl,

@@ -12,12 +12,13 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tfinit::locks::book::{Book, LiveRun};
+use tfinit::locks::book::LiveRun;
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::Work;
 
+use super::booked::Booked;
 use super::check::{Obligation, Stats, Violation, CALM_OP_MAX};
 use super::legacy;
 use super::pods::EnvEv;
@@ -357,8 +358,8 @@ pub struct Run {
 /// The book of an init: the real one, or the old one.
 #[derive(Debug)]
 pub enum BookSide {
-    /// Today's `Book`.
-    New(Box<Book>),
+    /// Today's `Book`, with its table of runs.
+    New(Box<Booked>),
     /// The old book (`legacy.rs`).
     Old(Box<legacy::Book>),
 }

@@ -254,7 +254,7 @@ impl Runs {
         }
         let ended = job
             .locking()
-            .then(|| how_it_ended(job, exit, &unfinished, book))
+            .then(|| how_it_ended(job, exit, &unfinished, book.record(&self.table, id)))
             .flatten();
         let Some(run) = self.take(id, ended, unfinished, acts) else {
             return;
@@ -320,7 +320,7 @@ fn how_it_ended(
     job: &Job,
     exit: Exit,
     in_progress: &[String],
-    book: &Book,
+    record: Option<&RecordStatus>,
 ) -> Option<record::Ended> {
     let trouble = job.follower.as_ref().and_then(Follower::lock_trouble);
     let ended = match (exit, trouble) {
@@ -331,7 +331,7 @@ fn how_it_ended(
             "exit code {PANICWRAP_CHILD_KILLED}: terraform's wrapped child process was killed by a signal"
         )),
     };
-    let kept = book.record(job.id).is_some_and(RecordStatus::may_exist);
+    let kept = record.is_some_and(RecordStatus::may_exist);
     if let Some(how) = ended.as_ref().filter(|_| kept) {
         tracing::warn!(
             run = %job.id, how = %how, in_progress = ?in_progress,

@@ -154,10 +154,10 @@ impl Runs {
             return self.move_to(id, wait);
         }
         // The book answers from memory (the recorder's last scan): no storage call here.
-        if !book.needs_recovery(&workdir, now) {
+        if !book.needs_recovery(&self.table, &workdir, now) {
             return self.record_step(id, Some(deadline), acts);
         }
-        if !book.may_recover(&workdir) {
+        if !book.may_recover(&self.table, &workdir) {
             tracing::info!(run = %id, workdir = %workdir.display(), "a dead run's lock-owner record is here: its lock is checked once this init's own end-markings in this directory are on the state volume");
             return self.move_to(id, wait);
         }
@@ -252,7 +252,7 @@ impl Runs {
 
     /// The last step: terraform is started (by the loop), unless the fence refuses the run.
     fn launch(&mut self, id: RunId, book: &Book, acts: &mut Vec<Action>) {
-        if let Some(why) = Refusal::of_launch(book.may_launch(id)) {
+        if let Some(why) = Refusal::of_launch(book.may_launch(&self.table, id)) {
             return self.refuse(id, why, acts);
         }
         self.move_to(id, |pending| Life::Launching { pending });
@@ -439,7 +439,7 @@ impl Runs {
             .iter()
             .filter_map(|(id, r)| match r.life {
                 Life::AwaitingRecords { deadline, .. }
-                    if book.may_recover(&r.job.workdir) && !self.recovering() =>
+                    if book.may_recover(&self.table, &r.job.workdir) && !self.recovering() =>
                 {
                     Some((*id, deadline))
                 }

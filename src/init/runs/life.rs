@@ -299,7 +299,7 @@ impl Job {
 
 /// One terraform run: what it is, and where it is in its life.
 #[derive(Debug)]
-pub(super) struct Run {
+pub(in crate::init) struct Run {
     /// What it is.
     pub(super) job: Job,
     /// Where it is in its life.

@@ -3,13 +3,21 @@
 //! changes a run's [`Life`] and returns the [`Action`]s that follow. Nothing here touches a
 //! process, a pipe's contents or a socket: the loop does what the actions say.
 //!
-//! The lock-owner records are read here, never written: through the book, read-only, and a change
-//! is asked for with an [`Action::Record`]. Whatever must be decided after such a change is a
-//! follow-up action ([`Action::Admit`], [`Action::Recheck`], [`Action::Recover`]) that the loop
-//! carries out after it, so every decision reads the book as the changes asked before it left it.
-//! A state-locking run enters the book only through its `Record::Begin` (launch.rs,
-//! `record_step`) and leaves it only through the `Record::Close` that [`Runs::take`] asks for as it
-//! takes the run out of the table: the two tables keyed by `RunId` cannot drift apart.
+//! One table holds every run ([`RunTable`]): each entry has the run's part (its [`Life`], written
+//! here) and its record's part (written by the records concern alone, and read here through the
+//! table's read-only view). So there is one table keyed by `RunId`, not two to keep in step: a
+//! record part is put only beside a run that is in the table, closes only with the
+//! [`Left`](crate::locks::book::Left) that [`Runs::take`] gets as the run leaves, and keeps the
+//! entry until its end-marking or removal is done.
+//!
+//! The lock-owner records are read here, never written: through the book and the table,
+//! read-only, and a change is asked for with an [`Action::Record`] (the loop hands the records
+//! the table with it). Whatever must be decided after such a change is a follow-up action
+//! ([`Action::Admit`], [`Action::Recheck`], [`Action::Recover`]) that the loop carries out after
+//! it, so every decision reads the records as the changes asked before it left them. A
+//! state-locking run's record begins only through its `Record::Begin` (launch.rs,
+//! `record_step`) and closes only through the `Record::Close` that [`Runs::take`] asks for as it
+//! takes the run's part out of the table.
 //!
 //! - launch.rs: from the request to terraform's start (refusal, the queue under
 //!   TFINIT_MAX_RUNS, lock check, recovery, record).
@@ -23,18 +31,18 @@ mod life;
 
 pub(super) use cancel::CancelTarget;
 
-use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use life::{Life, Run, Stop};
+pub(in crate::init) use life::Run;
+use life::{Life, Stop};
 
 use super::action::{Action, Force};
 use super::records::{Record, RecordEvent};
 use super::token::{ConnId, Stream};
-use crate::locks::book::Book;
+use crate::locks::book::{Book, RunRecord, RunTable};
 use crate::locks::names::RunId;
 use crate::locks::record::Ended;
 use crate::protocol::RunStatus;
@@ -46,8 +54,9 @@ pub(super) const LINGER: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(super) struct Runs {
     /// Ordered by id, which is arrival order: every walk over the runs (the queue, the runs that
-    /// waited for the store, refusals, status, a directory's cancel) goes oldest first.
-    table: BTreeMap<RunId, Run>,
+    /// waited for the store, refusals, status, a directory's cancel) goes oldest first. Each
+    /// entry also holds the run's record part, which only the records concern writes.
+    table: RunTable<Run, RunRecord>,
     /// The id of the next run.
     next: RunId,
     /// TFINIT_RECORD_TIMEOUT: how long a state-locking run waits for the store at most.
@@ -67,12 +76,24 @@ impl Runs {
         max_runs: Option<NonZeroUsize>,
     ) -> Runs {
         Runs {
-            table: BTreeMap::new(),
+            table: RunTable::new(),
             next: RunId::FIRST,
             record_timeout,
             stop_timeout,
             max_runs,
         }
+    }
+
+    /// The one table of runs, read-only: what the records of the runs say
+    /// ([`RunTable::record_status`]), for the book's decisions.
+    pub(in crate::init) fn table(&self) -> &RunTable<Run, RunRecord> {
+        &self.table
+    }
+
+    /// The one table of runs, for the records concern to write the record parts in (generic
+    /// over the run part, it can neither read nor build one).
+    pub(in crate::init) fn records_mut(&mut self) -> &mut RunTable<Run, RunRecord> {
+        &mut self.table
     }
 
     /// Whether no run is left.
@@ -170,10 +191,10 @@ impl Runs {
         in_progress: Vec<String>,
         acts: &mut Vec<Action>,
     ) -> Option<Run> {
-        let run = self.table.remove(&id)?;
+        let (run, left) = self.table.remove(&id)?;
         if run.job.locking() {
             acts.push(Action::Record(Record::Close {
-                run: id,
+                left,
                 ended,
                 in_progress,
             }));

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Book, Event, Notice, StoreState};
+use super::{Book, Event, Notice, RunRecord, RunTable, StoreState};
 use crate::locks::labels::StoreFault;
 use crate::locks::liveness::Fence;
 use crate::locks::names::RunId;
@@ -65,7 +65,11 @@ impl Book {
 
     /// The fence's next step at `now`, if one is due: recorded runs are stopped before any
     /// observer may call this owner dead (see [`Fence`]).
-    pub(super) fn fence_due(&mut self, now: Instant) -> Option<Event> {
+    pub(super) fn fence_due<R>(
+        &mut self,
+        runs: &RunTable<R, RunRecord>,
+        now: Instant,
+    ) -> Option<Event> {
         if !mutation::on(Guard::Fence) {
             return None;
         }
@@ -84,11 +88,10 @@ impl Book {
         // Every state-locking run of this incarnation, recorded or not: its lock carries this
         // owner's Who, which another pod may release once it takes this owner for dead (the
         // simulation found an unrecorded run's lock released so, seed 1094).
-        let mut runs: Vec<RunId> = self.runs.keys().copied().collect();
+        let runs: Vec<RunId> = runs.open_records().map(|(id, _)| id).collect();
         if runs.is_empty() {
             return None;
         }
-        runs.sort();
         Some(Event::Fence { runs, kill })
     }
 

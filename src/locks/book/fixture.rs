@@ -4,12 +4,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{Book, Event, NewRun, Start};
+use super::{Book, Event, Launch, LiveRun, NewRun, RecordStatus, RunRecord, RunTable, Start};
 use crate::locks::liveness::{Facts, Observer};
 use crate::locks::names::RunId;
+use crate::locks::record::Ended;
 use crate::locks::record::{Heartbeat, Owner};
 pub(super) use crate::locks::recorder::tests::me;
-use crate::locks::recorder::{Beat, Completion, Entry, Table};
+use crate::locks::recorder::{Beat, Completion, Entry, Table, Work};
 
 pub(super) const TTL: Duration = Duration::from_secs(30);
 
@@ -33,8 +34,8 @@ pub(super) fn new_run<'a>(
 pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) const T0: u64 = 1_800_000_000_000;
 
-pub(super) fn book(t: Instant) -> Book {
-    Book::new(
+pub(super) fn book(t: Instant) -> Booked {
+    Booked::new(Book::new(
         Path::new("/state"),
         me(),
         Observer::new(TTL, crate::locks::liveness::LONGEST_TTL),
@@ -42,7 +43,7 @@ pub(super) fn book(t: Instant) -> Book {
         true,
         "pod-a".into(),
         t,
-    )
+    ))
 }
 
 pub(super) fn table(at: Instant, records: Vec<Entry>, heartbeats: Vec<Heartbeat>) -> Table {
@@ -76,7 +77,7 @@ pub(super) fn opened(t: Instant, table: Table) -> Completion {
     }
 }
 
-pub(super) fn open_book(t: Instant) -> Book {
+pub(super) fn open_book(t: Instant) -> Booked {
     let mut b = book(t);
     b.on_completion(opened(t, table(t, vec![], vec![])), t);
     b
@@ -125,12 +126,12 @@ pub(super) fn failed_open(t: Instant, records: Vec<Entry>) -> Completion {
     }
 }
 
-pub(super) fn begin(b: &mut Book, run: RunId, now: Instant) -> Start {
+pub(super) fn begin(b: &mut Booked, run: RunId, now: Instant) -> Start {
     b.begin(&new_run(run, Path::new("/tf/x"), "default", &[]), now, None)
 }
 
 /// Begins run `run` in /tf/x and lands its record as `path`.
-pub(super) fn recorded(b: &mut Book, run: RunId, path: &str, now: Instant) -> Vec<Event> {
+pub(super) fn recorded(b: &mut Booked, run: RunId, path: &str, now: Instant) -> Vec<Event> {
     begin(b, run, now);
     b.on_completion(
         Completion::Created {
@@ -151,5 +152,82 @@ pub(super) fn beat(owner: Owner, seq: u64, updated_ms: u64) -> Heartbeat {
         host: String::new(),
         ttl_ms: Some(30_000),
         lock_file: None,
+    }
+}
+
+/// A book with the one table of runs it keeps the records in, as the loop has them: a run is put
+/// in the table as it begins and taken out as it exits (what the runs concern does), so the
+/// tests read like calls of the book alone.
+#[derive(Debug)]
+pub(super) struct Booked {
+    pub(super) book: Book,
+    pub(super) runs: RunTable<(), RunRecord>,
+}
+
+impl std::ops::Deref for Booked {
+    type Target = Book;
+    fn deref(&self) -> &Book {
+        &self.book
+    }
+}
+
+impl std::ops::DerefMut for Booked {
+    fn deref_mut(&mut self) -> &mut Book {
+        &mut self.book
+    }
+}
+
+impl Booked {
+    pub(super) fn new(book: Book) -> Booked {
+        Booked {
+            book,
+            runs: RunTable::new(),
+        }
+    }
+
+    pub(super) fn begin(&mut self, new: &NewRun<'_>, now: Instant, d: Option<Instant>) -> Start {
+        self.runs.insert(new.run, ());
+        self.book.begin(&mut self.runs, new, now, d)
+    }
+
+    pub(super) fn exited(&mut self, run: RunId, e: Option<Ended>, ip: Vec<String>) -> Option<Work> {
+        let (_, left) = self.runs.remove(&run)?;
+        self.book.exited(&mut self.runs, left, e, ip)
+    }
+
+    pub(super) fn on_completion(&mut self, c: Completion, now: Instant) -> Vec<Event> {
+        self.book.on_completion(&mut self.runs, c, now)
+    }
+
+    pub(super) fn tick(&mut self, now: Instant) -> Vec<Event> {
+        self.book.tick(&mut self.runs, now)
+    }
+
+    pub(super) fn next_wakeup(&self) -> Option<Instant> {
+        self.book.next_wakeup(&self.runs)
+    }
+
+    pub(super) fn may_launch(&self, run: RunId) -> Launch {
+        self.book.may_launch(&self.runs, run)
+    }
+
+    pub(super) fn record(&self, run: RunId) -> Option<&RecordStatus> {
+        self.book.record(&self.runs, run)
+    }
+
+    pub(super) fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Work> {
+        self.book.progress(&self.runs, run, in_progress)
+    }
+
+    pub(super) fn live_runs(&self) -> Vec<LiveRun> {
+        self.book.live_runs(&self.runs)
+    }
+
+    pub(super) fn needs_recovery(&self, workdir: &Path, now: Instant) -> bool {
+        self.book.needs_recovery(&self.runs, workdir, now)
+    }
+
+    pub(super) fn may_recover(&self, workdir: &Path) -> bool {
+        self.book.may_recover(&self.runs, workdir)
     }
 }

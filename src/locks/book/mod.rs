@@ -7,9 +7,13 @@
 //! [`Book::on_completion`] and calls [`Book::tick`] at [`Book::next_wakeup`]; the [`Event`]s it
 //! gets back say which waiting run may start and what to log.
 //!
-//! `Book` owns every field; each state machine is an `impl Book` block in a file of its own:
-//! `runs.rs` (each run's record), `store_state.rs` (the store's state), `fence.rs` (the heartbeat
-//! and the fence), `table.rs` (the scanned table and liveness), `notice.rs` (the log lines).
+//! `Book` owns the store-wide state; each state machine is an `impl Book` block in a file of its
+//! own: `runs.rs` (each run's record), `store_state.rs` (the store's state), `fence.rs` (the
+//! heartbeat and the fence), `table.rs` (the scanned table and liveness), `notice.rs` (the log
+//! lines). Each run's record is not kept here but in the run's entry of the one table of runs,
+//! [`RunTable`] (`run_table.rs`), beside the run's own state: the loop's runs concern holds the
+//! table, and every call of the book that concerns runs is handed it. Only this module reads or
+//! writes a record part ([`RunRecord`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,14 +31,15 @@ mod fence;
 #[cfg(test)]
 mod fixture;
 mod notice;
+mod run_table;
 mod runs;
 mod store_state;
 mod table;
 
 pub use fence::FenceStage;
 pub use notice::Notice;
-use runs::{Closing, RecordedRun};
-pub use runs::{LiveRun, NewRun, RecordStatus};
+pub use run_table::{Left, RunTable};
+pub use runs::{LiveRun, NewRun, RecordStatus, RunRecord};
 pub use store_state::{StoreState, NOT_ANSWERING_EVERY};
 
 /// What the loop does with a new state-locking run.
@@ -129,8 +134,6 @@ pub struct Book {
     /// last reported (until a heartbeat lands): each kind is said once, not every TTL/3.
     heartbeat_failures: [u64; StoreFault::ALL.len()],
     heartbeat_fault: Option<StoreFault>,
-    runs: HashMap<RunId, RecordedRun>,
-    closing: HashMap<RunId, Closing>,
 }
 
 /// Whether a state-locking run may start terraform now.
@@ -186,8 +189,6 @@ impl Book {
             shadowed: Vec::new(),
             heartbeat_failures: [0; StoreFault::ALL.len()],
             heartbeat_fault: None,
-            runs: HashMap::new(),
-            closing: HashMap::new(),
         }
     }
 
@@ -196,8 +197,14 @@ impl Book {
         &self.me
     }
 
-    /// Takes in what the recorder did, at `now`.
-    pub fn on_completion(&mut self, c: Completion, now: Instant) -> Vec<Event> {
+    /// Takes in what the recorder did, at `now` (`runs`: the table whose entries hold the runs'
+    /// records).
+    pub fn on_completion<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        c: Completion,
+        now: Instant,
+    ) -> Vec<Event> {
         let mut ev = Vec::new();
         // Where the records are, as the opening says it (which store TFINIT_STORE chose): what
         // every message about the store names from now on.
@@ -220,7 +227,7 @@ impl Book {
                 passwd_user,
                 table,
                 ..
-            } => self.open_failed(error, passwd_user, table, &mut ev),
+            } => self.open_failed(runs, error, passwd_user, table, &mut ev),
             Completion::Heartbeat {
                 result: Ok(()),
                 stamped,
@@ -230,7 +237,7 @@ impl Book {
             Completion::Heartbeat {
                 result: Err(error), ..
             } => self.beat_failed(error, &mut ev),
-            Completion::Created { run, result } => self.created(run, result, &mut ev),
+            Completion::Created { run, result } => self.created(runs, run, result, &mut ev),
             Completion::Written { run, result } => match result {
                 Ok(()) => self.answered(&mut ev),
                 // A run without a record has nothing to rewrite: said when its create failed.
@@ -239,11 +246,11 @@ impl Book {
             },
             Completion::Ended { run, result } => {
                 let failed = |run, error| Notice::EndFailed { run, error };
-                self.closed(run, result, failed, now, &mut ev)
+                self.closed(runs, run, result, failed, now, &mut ev)
             }
             Completion::Removed { run, result } => {
                 let failed = |run, error| Notice::RemoveFailed { run, error };
-                self.closed(run, result, failed, now, &mut ev)
+                self.closed(runs, run, result, failed, now, &mut ev)
             }
             Completion::Table(t) => {
                 self.own.retain(|_, (at, _)| *at > t.scanned);
@@ -256,21 +263,18 @@ impl Book {
 
     /// Time-driven work: runs whose record did not land in time start without one, the heartbeat
     /// is asked for when due, and a stale heartbeat is reported once.
-    pub fn tick(&mut self, now: Instant) -> Vec<Event> {
+    pub fn tick<R>(&mut self, runs: &mut RunTable<R, RunRecord>, now: Instant) -> Vec<Event> {
         let mut ev = Vec::new();
-        let mut expired: Vec<RunId> = self
-            .runs
-            .iter()
-            .filter(
-                |(_, r)| matches!(r.record, RecordStatus::Pending { deadline } if deadline <= now),
-            )
-            .map(|(id, _)| *id)
-            .collect();
-        expired.sort();
-        for id in expired {
-            if let Some(r) = self.runs.get_mut(&id) {
+        // Oldest first (the table is ordered by id).
+        let mut expired: Vec<RunId> = Vec::new();
+        for (id, r) in runs.records_mut() {
+            let Some(r) = r.open_mut() else { continue };
+            if matches!(r.record, RecordStatus::Pending { deadline } if deadline <= now) {
                 r.record = RecordStatus::Abandoned;
+                expired.push(id);
             }
+        }
+        for id in expired {
             if !matches!(self.state, StoreState::NotAnswering { .. }) {
                 self.state = StoreState::NotAnswering {
                     since: now,
@@ -291,10 +295,10 @@ impl Book {
                 recorded: false,
             });
         }
-        if let Some(f) = self.fence_due(now) {
+        if let Some(f) = self.fence_due(runs, now) {
             ev.push(f);
         }
-        if !self.stale_reported && self.heartbeat_stale(now) && self.has_records() {
+        if !self.stale_reported && self.heartbeat_stale(now) && self.has_records(runs) {
             self.stale_reported = true;
             ev.push(Event::Log(Notice::HeartbeatStale {
                 dir: self.dir.clone(),
@@ -308,8 +312,8 @@ impl Book {
     /// Whether state-locking `run` may start terraform now: not while the fence is up (its lock
     /// would carry the Who of an owner other pods may soon take for dead), recorded or not. A run
     /// the book does not know (it takes no lock) always may.
-    pub fn may_launch(&self, run: RunId) -> Launch {
-        if !self.runs.contains_key(&run) {
+    pub fn may_launch<R>(&self, runs: &RunTable<R, RunRecord>, run: RunId) -> Launch {
+        if runs.record_status(run).is_none() {
             return Launch::Yes;
         }
         if self.fence != FenceStage::Clear {
@@ -329,18 +333,18 @@ impl Book {
     }
 
     /// When [`Book::tick`] has work next.
-    pub fn next_wakeup(&self) -> Option<Instant> {
-        let deadlines = self.runs.values().filter_map(|r| match r.record {
+    pub fn next_wakeup<R>(&self, runs: &RunTable<R, RunRecord>) -> Option<Instant> {
+        let deadlines = runs.open_records().filter_map(|(_, r)| match r.record {
             RecordStatus::Pending { deadline } => Some(deadline),
             _ => None,
         });
         let stale = self
             .heartbeat_ok
-            .filter(|_| !self.stale_reported && self.has_records())
+            .filter(|_| !self.stale_reported && self.has_records(runs))
             .map(|t| t + self.ttl / 2 + Duration::from_millis(1));
         let fence = self
             .heartbeat_ok
-            .filter(|_| !self.runs.is_empty())
+            .filter(|_| runs.open_records().next().is_some())
             .and_then(|b| {
                 let f = Fence::after(b, self.ttl);
                 match self.fence {

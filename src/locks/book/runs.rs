@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::run_table::{Left, RunTable};
 use super::{Book, Event, FenceStage, Notice, Start, StoreState, NOT_ANSWERING_EVERY};
 use crate::locks::liveness::Facts;
 use crate::locks::names::RunId;
@@ -86,7 +87,21 @@ pub struct NewRun<'a> {
     pub started_ms: u64,
 }
 
-/// A live state-locking run.
+/// A state-locking run's record, as the book keeps it in the run's entry of the one table of runs
+/// ([`RunTable`]): only the book reads or writes what is inside.
+#[derive(Debug, Clone)]
+pub struct RunRecord(pub(super) RecordLife);
+
+/// Where a run's record is in its life.
+#[derive(Debug, Clone)]
+pub(super) enum RecordLife {
+    /// Its run is live (or has just left the table, its close on its way as the next action).
+    Open(RecordedRun),
+    /// Its run is over: the end-marking or removal is queued or in flight.
+    Closing(Closing),
+}
+
+/// The record of a live state-locking run.
 #[derive(Debug, Clone)]
 pub(super) struct RecordedRun {
     pub(super) workdir: PathBuf,
@@ -114,18 +129,76 @@ pub(super) struct Closing {
     pub(super) ended: Option<Ended>,
 }
 
+impl RunRecord {
+    /// The record of a live run, when it is one.
+    pub(super) fn open(&self) -> Option<&RecordedRun> {
+        match &self.0 {
+            RecordLife::Open(r) => Some(r),
+            RecordLife::Closing(_) => None,
+        }
+    }
+
+    /// See [`Self::open`].
+    pub(super) fn open_mut(&mut self) -> Option<&mut RecordedRun> {
+        match &mut self.0 {
+            RecordLife::Open(r) => Some(r),
+            RecordLife::Closing(_) => None,
+        }
+    }
+
+    /// The end-marking or removal on its way, when it is one.
+    pub(super) fn closing(&self) -> Option<&Closing> {
+        match &self.0 {
+            RecordLife::Closing(c) => Some(c),
+            RecordLife::Open(_) => None,
+        }
+    }
+}
+
+impl<R> RunTable<R, RunRecord> {
+    /// Run `id`'s record status (read-only, for anyone); None for a run without a record (not
+    /// state-locking, not begun yet) or whose run is over.
+    pub fn record_status(&self, id: RunId) -> Option<&RecordStatus> {
+        Some(&self.record(&id)?.open()?.record)
+    }
+
+    /// The records of live runs, oldest first.
+    pub(super) fn open_records(&self) -> impl Iterator<Item = (RunId, &RecordedRun)> {
+        self.records().filter_map(|(id, r)| Some((id, r.open()?)))
+    }
+
+    /// The end-markings and removals on their way, oldest first.
+    pub(super) fn closings(&self) -> impl Iterator<Item = &Closing> {
+        self.records().filter_map(|(_, r)| r.closing())
+    }
+}
+
 impl Book {
     /// A run's record status; None for a run the book does not know (not state-locking, or over).
-    pub fn record(&self, run: RunId) -> Option<&RecordStatus> {
-        self.runs.get(&run).map(|r| &r.record)
+    pub fn record<'a, R>(
+        &self,
+        runs: &'a RunTable<R, RunRecord>,
+        run: RunId,
+    ) -> Option<&'a RecordStatus> {
+        runs.record_status(run)
     }
 
     /// Registers a new state-locking run and decides whether it waits for a record: until
     /// `deadline` at the latest, or TFINIT_RECORD_TIMEOUT from `now` when None. A run that has
     /// waited for the store already (for its directory's end-markings, or for the store to open)
     /// passes the deadline of its first wait, so one TFINIT_RECORD_TIMEOUT bounds the whole wait.
-    pub fn begin(&mut self, new: &NewRun<'_>, now: Instant, deadline: Option<Instant>) -> Start {
+    /// The record goes in the run's entry of `runs`; a run that is not there (over) gets none.
+    pub fn begin<R>(
+        &mut self,
+        runs: &mut RunTable<R, RunRecord>,
+        new: &NewRun<'_>,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Start {
         let run = new.run;
+        if !runs.contains_key(&run) {
+            return Start::Unrecorded(None);
+        }
         let deadline = deadline.unwrap_or(now + self.record_timeout);
         let user_env = new
             .env
@@ -176,56 +249,64 @@ impl Book {
         let data_dir = crate::protocol::env_value(new.env, "TF_DATA_DIR")
             .filter(|d| !d.is_empty())
             .map(|d| new.workdir.join(d));
-        self.runs.insert(
-            run,
-            RecordedRun {
-                workdir: new.workdir.to_path_buf(),
-                workspace: new.workspace.to_string(),
-                user_env,
-                record,
-                data_dir,
-                started_ms: new.started_ms,
-                unsure: crate::locks::state::unsure_reason(new.subcommand, new.argv, new.env),
-            },
-        );
+        let recorded = RecordedRun {
+            workdir: new.workdir.to_path_buf(),
+            workspace: new.workspace.to_string(),
+            user_env,
+            record,
+            data_dir,
+            started_ms: new.started_ms,
+            unsure: crate::locks::state::unsure_reason(new.subcommand, new.argv, new.env),
+        };
+        runs.put_record(run, RunRecord(RecordLife::Open(recorded)));
         start
     }
 
     /// The request for a run's new set of resources in progress, when its record is (or may be)
     /// on the volume.
-    pub fn progress(&self, run: RunId, in_progress: Vec<String>) -> Option<Work> {
-        let r = self.runs.get(&run)?;
-        r.record
+    pub fn progress<R>(
+        &self,
+        runs: &RunTable<R, RunRecord>,
+        run: RunId,
+        in_progress: Vec<String>,
+    ) -> Option<Work> {
+        runs.record_status(run)?
             .may_exist()
             .then_some(Work::Progress { run, in_progress })
     }
 
-    /// The run is over (exited, or refused while `recording`): forgets it as live, and returns
-    /// the end-marking (`ended` given: it may have left its lock) or the removal of its record,
-    /// when one is or may be on the volume. A recovery in its directory waits for that request.
-    pub fn exited(
+    /// The run `left` the table (exited, or refused while `recording`): its record is no longer
+    /// live, and this returns the end-marking (`ended` given: it may have left its lock) or the
+    /// removal of its record, when one is or may be on the volume; the record part stays in the
+    /// run's entry until that is done. A recovery in its directory waits for that request.
+    pub fn exited<R>(
         &mut self,
-        run: RunId,
+        runs: &mut RunTable<R, RunRecord>,
+        left: Left,
         ended: Option<Ended>,
         in_progress: Vec<String>,
     ) -> Option<Work> {
-        let r = self.runs.remove(&run)?;
-        if !r.record.may_exist() {
-            return None;
-        }
-        let path = match r.record {
-            RecordStatus::Written { path } => Some(path),
-            _ => None,
+        let run = left.run();
+        let r = match runs.record(&run).and_then(RunRecord::open) {
+            Some(r) if r.record.may_exist() => r,
+            // No record is or will be on the volume (or none was begun): the entry goes.
+            _ => {
+                runs.take_record(left);
+                return None;
+            }
         };
-        self.closing.insert(
-            run,
-            Closing {
-                who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
-                workdir: r.workdir,
-                path,
-                ended: ended.clone(),
+        let closing = Closing {
+            who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
+            workdir: r.workdir.clone(),
+            path: match &r.record {
+                RecordStatus::Written { path } => Some(path.clone()),
+                _ => None,
             },
-        );
+            ended: ended.clone(),
+        };
+        if let Some(part) = runs.record_mut(&run) {
+            part.0 = RecordLife::Closing(closing);
+        }
         Some(match ended {
             Some(ended) => Work::End {
                 run,
@@ -238,8 +319,9 @@ impl Book {
 
     /// A run's create finished: the run waiting for it starts (with its record, or without and a
     /// warning); a late landing of a run that is over counts for its end-marking or removal.
-    pub(super) fn created(
+    pub(super) fn created<R>(
         &mut self,
+        runs: &mut RunTable<R, RunRecord>,
         run: RunId,
         result: Result<RecordId, WriteError>,
         ev: &mut Vec<Event>,
@@ -247,13 +329,19 @@ impl Book {
         if result.is_ok() {
             self.answered(ev);
         }
-        let Some(r) = self.runs.get_mut(&run) else {
-            if let (Some(c), Ok(path)) = (self.closing.get_mut(&run), result) {
-                // Landed after its run was over: the end-marking or removal queued behind it
-                // applies to it.
-                c.path = Some(path);
-            }
+        let Some(part) = runs.record_mut(&run) else {
             return;
+        };
+        let r = match &mut part.0 {
+            RecordLife::Open(r) => r,
+            RecordLife::Closing(c) => {
+                if let Ok(path) = result {
+                    // Landed after its run was over: the end-marking or removal queued behind it
+                    // applies to it.
+                    c.path = Some(path);
+                }
+                return;
+            }
         };
         let waiting = matches!(r.record, RecordStatus::Pending { .. });
         match result {
@@ -284,17 +372,25 @@ impl Book {
         }
     }
 
-    /// A run's end-marking or removal finished: until a scan made after it arrives, its record
-    /// counts as this (ended record, or none). A failure is said with `failed`'s notice.
-    pub(super) fn closed(
+    /// A run's end-marking or removal finished: the record part leaves the run's entry (and the
+    /// entry the table); until a scan made after it arrives, its record counts as this (ended
+    /// record, or none). A failure is said with `failed`'s notice.
+    pub(super) fn closed<R>(
         &mut self,
+        runs: &mut RunTable<R, RunRecord>,
         run: RunId,
         result: Result<(), WriteError>,
         failed: fn(RunId, WriteError) -> Notice,
         now: Instant,
         ev: &mut Vec<Event>,
     ) {
-        let closing = self.closing.remove(&run);
+        let closing = match runs.record(&run).map(|r| &r.0) {
+            Some(RecordLife::Closing(_)) => match runs.drop_record(&run) {
+                Some(RunRecord(RecordLife::Closing(c))) => Some(c),
+                _ => None,
+            },
+            _ => None,
+        };
         match result {
             Ok(()) => self.answered(ev),
             // An end-marking of a run whose create failed: said when it failed.
@@ -326,16 +422,15 @@ impl Book {
     }
 
     /// Whether this incarnation has (or may soon have) a record of a live run on the volume.
-    pub(super) fn has_records(&self) -> bool {
-        self.runs.values().any(|r| r.record.may_exist())
+    pub(super) fn has_records<R>(&self, runs: &RunTable<R, RunRecord>) -> bool {
+        runs.open_records().any(|(_, r)| r.record.may_exist())
     }
 
     /// The live state-locking runs, recorded or not, for the recovery helper.
-    pub fn live_runs(&self) -> Vec<LiveRun> {
-        let mut out: Vec<LiveRun> = self
-            .runs
-            .values()
-            .map(|r| LiveRun {
+    pub fn live_runs<R>(&self, runs: &RunTable<R, RunRecord>) -> Vec<LiveRun> {
+        let mut out: Vec<LiveRun> = runs
+            .open_records()
+            .map(|(_, r)| LiveRun {
                 workdir: r.workdir.clone(),
                 workspace: r.workspace.clone(),
                 who: who_for(self.passwd_user.as_deref(), &self.host, &r.user_env),
@@ -506,5 +601,72 @@ mod tests {
         assert_eq!(runs[0].who, "app@pod-a");
         assert_eq!(runs[0].workspace, "staging");
         assert_eq!(runs[1].workdir, Path::new("/tf/y"));
+    }
+
+    #[test]
+    fn a_run_that_ends_while_its_create_is_in_flight_keeps_one_entry_until_its_removal_lands() {
+        let t = Instant::now();
+        let mut b = open_book(t);
+        begin(&mut b, RunId::from(1), t);
+        // The run leaves the table (the runs' part) while its create is in flight: its record is
+        // no longer live, its removal waits behind the create, all in the run's one entry.
+        let (_, left) = b.runs.remove(&RunId::from(1)).expect("in the table");
+        let work = b.book.exited(&mut b.runs, left, None, vec![]);
+        assert_eq!(
+            work,
+            Some(Work::Remove {
+                run: RunId::from(1)
+            })
+        );
+        assert!(b.runs.is_empty(), "no run is left for the runs concern");
+        assert_eq!(b.record(RunId::from(1)), None, "not live");
+        assert!(b.live_runs().is_empty());
+        assert_eq!(b.may_launch(RunId::from(1)), Launch::Yes);
+        assert!(
+            !b.may_recover(Path::new("/tf/x")),
+            "its removal is on its way"
+        );
+        // A record begun for a run that left is refused: no record part without its run.
+        assert_eq!(
+            begin(&mut b, RunId::from(2), t),
+            Start::Record {
+                deadline: t + TIMEOUT
+            }
+        );
+        let (_, left2) = b.runs.remove(&RunId::from(2)).expect("in the table");
+        let gone = new_run(RunId::from(2), Path::new("/tf/y"), "default", &[]);
+        assert_eq!(
+            b.book.begin(&mut b.runs, &gone, t, None),
+            Start::Unrecorded(None)
+        );
+        assert!(b.book.exited(&mut b.runs, left2, None, vec![]).is_some());
+        // The create lands after the run left: it starts nothing, and counts for the removal.
+        let landed = Completion::Created {
+            run: RunId::from(1),
+            result: Ok("p1".into()),
+        };
+        assert!(b.on_completion(landed, t).is_empty());
+        assert_eq!(b.runs.closings().count(), 2);
+        let removed = Completion::Removed {
+            run: RunId::from(1),
+            result: Ok(()),
+        };
+        b.on_completion(removed, t);
+        assert_eq!(
+            b.runs.closings().count(),
+            1,
+            "the entry went with its record part"
+        );
+        assert!(
+            !b.may_recover(Path::new("/tf/x")),
+            "run 2's removal is still on its way"
+        );
+        let removed = Completion::Removed {
+            run: RunId::from(2),
+            result: Ok(()),
+        };
+        b.on_completion(removed, t);
+        assert_eq!(b.runs.records().count(), 0, "no entry is left");
+        assert!(b.may_recover(Path::new("/tf/x")));
     }
 }

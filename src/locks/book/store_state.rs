@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{Book, Event, Notice, RecordStatus};
+use super::{Book, Event, Notice, RecordStatus, RunRecord, RunTable};
 use crate::locks::recorder::Table;
 use crate::locks::who::who_host;
 
@@ -81,8 +81,9 @@ impl Book {
     /// The store cannot be used: said once, and every run waiting for its record starts without,
     /// but in a directory the records it could still read shadow (see [`Book::may_launch`]). The
     /// recorder tries again every TTL/3: a later failure only brings the records it read.
-    pub(super) fn open_failed(
+    pub(super) fn open_failed<R>(
         &mut self,
+        runs: &mut RunTable<R, RunRecord>,
         error: String,
         passwd_user: Option<String>,
         table: Option<Table>,
@@ -116,10 +117,11 @@ impl Book {
             error,
         }));
         // Runs start at once, without a warning each: the one above says it all.
-        for (id, r) in &mut self.runs {
+        for (id, r) in runs.records_mut() {
+            let Some(r) = r.open_mut() else { continue };
             if matches!(r.record, RecordStatus::Pending { .. }) {
                 ev.push(Event::Start {
-                    run: *id,
+                    run: id,
                     recorded: false,
                 });
             }

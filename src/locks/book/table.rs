@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::{Book, Event, Notice, StoreState};
+use super::{Book, Event, Notice, RunRecord, RunTable, StoreState};
 use crate::locks::liveness::{run_state, RunState, Seen, Token, Verdict};
 use crate::locks::recorder::{Entry, Table, Work};
 
@@ -112,7 +112,12 @@ impl Book {
     /// Whether a state-locking run in `workdir` must wait for a recovery first: a record there of
     /// a run seen dying, of an incarnation proven gone or watched dead, or of one not watched
     /// long enough to tell (the helper then watches), decided at `now` on our monotonic clock.
-    pub fn needs_recovery(&self, workdir: &Path, now: Instant) -> bool {
+    pub fn needs_recovery<R>(
+        &self,
+        runs: &RunTable<R, RunRecord>,
+        workdir: &Path,
+        now: Instant,
+    ) -> bool {
         if !self.auto_unlock
             || !matches!(
                 self.state,
@@ -123,9 +128,8 @@ impl Book {
         }
         // A run of ours here ended in a way that may have left its lock, and its end-marking is
         // still on its way to the volume: a recovery is needed (it waits for that marking).
-        if self
-            .closing
-            .values()
+        if runs
+            .closings()
             .any(|c| c.workdir == workdir && c.ended.is_some())
         {
             return true;
@@ -145,10 +149,14 @@ impl Book {
 
     /// Whether what a recovery in `workdir` would look at is only records of owners not watched
     /// long enough to tell (none is known over): the helper then only watches, unless one dies.
-    pub fn only_watching(&self, workdir: &Path, now: Instant) -> bool {
-        !self
-            .closing
-            .values()
+    pub fn only_watching<R>(
+        &self,
+        runs: &RunTable<R, RunRecord>,
+        workdir: &Path,
+        now: Instant,
+    ) -> bool {
+        !runs
+            .closings()
             .any(|c| c.workdir == workdir && c.ended.is_some())
             && !self.entries().any(|e| {
                 e.workdir == workdir && matches!(self.run_state(e, now), RunState::Over(_))
@@ -157,8 +165,8 @@ impl Book {
 
     /// Whether a recovery in `workdir` may start now: no end-marking or removal of a record there
     /// is still queued or in flight (a recovery must read what our runs left as the truth).
-    pub fn may_recover(&self, workdir: &Path) -> bool {
-        !self.closing.values().any(|c| c.workdir == workdir)
+    pub fn may_recover<R>(&self, runs: &RunTable<R, RunRecord>, workdir: &Path) -> bool {
+        !runs.closings().any(|c| c.workdir == workdir)
     }
 
     /// A recovery in `workdir` finished: returns the rescan to send.

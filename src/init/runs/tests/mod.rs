@@ -100,7 +100,8 @@ fn opened(t: Instant, records: Vec<Entry>) -> Completion {
 /// Records whose store opened at `t` with `records` on it.
 fn open(t: Instant, records: Vec<Entry>) -> Records {
     let mut rec = opening(t);
-    assert_eq!(rec.feed(opened(t, records), t), vec![]);
+    let mut none = crate::locks::book::RunTable::<(), crate::locks::book::RunRecord>::new();
+    assert_eq!(rec.feed(&mut none, opened(t, records), t), vec![]);
     rec
 }
 
@@ -177,7 +178,7 @@ impl World {
         while let Some(action) = queue.pop_front() {
             let more = match action {
                 Action::Record(r) => {
-                    let events = self.rec.apply(r, t);
+                    let events = self.rec.apply(self.runs.records_mut(), r, t);
                     out.extend(self.rec.take_sent().into_iter().map(Done::Sent));
                     if events.is_empty() {
                         Vec::new()
@@ -200,13 +201,13 @@ impl World {
         out
     }
 
-    /// The two tables keyed by `RunId` agree once the loop carried everything out: a run the
-    /// book holds as live (its record begun, not closed) is one the runs hold, past its lock
+    /// The two parts of each entry of the one table agree once the loop carried everything out:
+    /// a run whose record part is live (begun, not closed) is one the runs hold, past its lock
     /// check. (Removing the `Record::Close` of `Runs::take` breaks this.)
     fn assert_in_step(&self) {
         let mut id = RunId::FIRST;
         while id != self.runs.next {
-            if self.rec.book().record(id).is_some() {
+            if self.runs.table.record_status(id).is_some() {
                 let life = self.runs.table.get(&id).map(|run| run.life.as_str());
                 assert!(
                     matches!(life, Some("recording" | "running" | "exited")),
@@ -264,14 +265,14 @@ impl World {
 
     /// The recorder did `c`.
     fn feed(&mut self, c: Completion, t: Instant) -> Vec<Done> {
-        let events = self.rec.feed(c, t);
+        let events = self.rec.feed(self.runs.records_mut(), c, t);
         let acts = self.runs.on_record_events(events, self.rec.book());
         self.settle(acts, t)
     }
 
     /// The records' timers at `t`.
     fn record_timers(&mut self, t: Instant) -> Vec<Done> {
-        let events = self.rec.record_timers(t);
+        let events = self.rec.record_timers(self.runs.records_mut(), t);
         let acts = self.runs.on_record_events(events, self.rec.book());
         self.settle(acts, t)
     }
@@ -295,7 +296,7 @@ impl World {
     /// What `run`'s recovery helper is given when the loop starts it at `t`.
     fn recovery_args(&self, run: RunId, t: Instant) -> (RecoveryArgs, bool) {
         let workdir = self.runs.workdir(run).expect("a run");
-        self.rec.recovery_args(workdir, t)
+        self.rec.recovery_args(self.runs.table(), workdir, t)
     }
 
     /// The loop tried to start `run`'s recovery helper at `t` (with what the records say now).

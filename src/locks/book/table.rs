@@ -25,6 +25,14 @@ impl Book {
             let token = b.heartbeat.as_ref().map(Token::of);
             self.observer.saw(&b.owner.key(), token, b.started, b.done);
         }
+        // A listing with no answer says nothing of the records: the last table that answered
+        // stands, with the watches of its owners (replaced by an empty one, runs would skip a
+        // recovery they need and meet terraform's "Error acquiring the state lock", and every
+        // owner's watch would start over). It says that the listing failed.
+        if let (Some(why), Some(last)) = (&t.unlisted, self.table.as_mut()) {
+            last.unlisted = Some(why.clone());
+            return;
+        }
         // An incarnation whose read got no answer is still watched (its watch goes on at the
         // next read that answers); one no longer read at all has no records left.
         let keys: Vec<String> = t.beats.iter().map(|b| b.owner.key()).collect();
@@ -196,6 +204,46 @@ mod tests {
         // A person released it: the next scan no longer has it.
         b.on_completion(Completion::Table(table(t, vec![plain], vec![])), t);
         assert_eq!(b.view(t).needing_person, 0);
+    }
+
+    #[test]
+    fn a_rescan_with_no_answer_keeps_the_last_table_and_its_watches() {
+        let t = Instant::now();
+        let mut b = book(t);
+        let pod_b = other("pod-b", T0);
+        let dead = entry("/state/records/1.json", "/tf/x", pod_b.clone(), T0);
+        b.on_completion(
+            opened(
+                t,
+                table(t, vec![dead.clone()], vec![beat(pod_b.clone(), 1, T0)]),
+            ),
+            t,
+        );
+        // Watched unchanged for a TTL: dead, its directory needs a recovery.
+        let t1 = t + TTL;
+        let answered = |at: Instant| {
+            Completion::Table(table(
+                at,
+                vec![dead.clone()],
+                vec![beat(pod_b.clone(), 1, T0)],
+            ))
+        };
+        b.on_completion(answered(t1), t1);
+        assert!(b.needs_recovery(Path::new("/tf/x"), t1));
+        // The next listing gets no answer: nothing is known of the records, the last table stands.
+        let t2 = t1 + TTL / 3;
+        let mut unanswered = table(t2, vec![], vec![]);
+        unanswered.unlisted = Some("connection refused".into());
+        b.on_completion(Completion::Table(unanswered), t2);
+        assert!(
+            b.needs_recovery(Path::new("/tf/x"), t2),
+            "a listing with no answer emptied the table"
+        );
+        assert_eq!(b.dead_records(t2), 1, "pod-b's watch went on");
+        // An answered listing without the record replaces it.
+        let t3 = t2 + TTL / 3;
+        b.on_completion(Completion::Table(table(t3, vec![], vec![])), t3);
+        assert!(!b.needs_recovery(Path::new("/tf/x"), t3));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 #   scripts/fuzz.sh                    short run of every target (the test suite's step):
 #                                      FUZZ_SECONDS each, default 30
 #   scripts/fuzz.sh long               10 minutes per target (FUZZ_SECONDS=600), one after the other
+#   FUZZ_JOBS=N scripts/fuzz.sh       short run of N targets at a time (the test suite uses 2)
 #   scripts/fuzz.sh [short|long] T...  only targets T (decoder record lockinfo follower)
 #   scripts/fuzz.sh build              only build the targets (scripts/test.sh builds them beside
 #                                      the integration tests, then runs the short run)
@@ -101,12 +102,11 @@ if [ "$MODE" = merge ]; then
     exit 0
 fi
 
-failed=0
-ROWS=""
-for t in "${TARGETS[@]}"; do
+# Runs target $1 for SECONDS_EACH and writes its report line to $SCRATCH/$1.result (and, when it
+# passed, its row of the figures to $SCRATCH/$1.row); returns 1 on a finding.
+run_target() {
+    local t=$1 log="$SCRATCH/$1.log" start rc took execs corpus inputs bytes artifact
     mkdir -p "$SCRATCH/$t" "fuzz/artifacts/$t"
-    log="$SCRATCH/$t.log"
-    echo "fuzz: $t: running ${SECONDS_EACH}s"
     start=$(date +%s)
     set +e
     "$BIN/$t" "$SCRATCH/$t" "fuzz/corpus/$t" -artifact_prefix="fuzz/artifacts/$t/" \
@@ -119,18 +119,54 @@ for t in "${TARGETS[@]}"; do
     inputs=${corpus%%/*}
     bytes=${corpus#*/}
     if [ "$rc" = 0 ]; then
-        echo "fuzz: $t: ${took} s, ${execs:-?} execs, corpus ${inputs:-?} inputs (${bytes:-?}), crashes 0"
-        ROWS+="| $t | ${took} s | ${execs:-?} | $((${execs:-0} / (took > 0 ? took : 1))) | ${inputs:-?} inputs, ${bytes:-?} | 0 |"$'\n'
-    else
-        failed=1
-        artifact=$(grep -o "fuzz/artifacts/$t/[^ ]*" "$log" | tail -n1 || true)
-        echo "fuzz: $t: FAILED after ${took} s (exit $rc), ${execs:-?} execs" >&2
-        grep -E 'panicked|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY' "$log" | head -n 5 >&2 || true
-        tail -n 30 "$log" >&2
-        if [ -n "$artifact" ]; then
-            echo "fuzz: $t: input saved as $artifact; replay: $BIN/$t $artifact (or cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact)" >&2
-        fi
+        echo "fuzz: $t: ${took} s, ${execs:-?} execs, corpus ${inputs:-?} inputs (${bytes:-?}), crashes 0" >"$SCRATCH/$t.result"
+        echo "| $t | ${took} s | ${execs:-?} | $((${execs:-0} / (took > 0 ? took : 1))) | ${inputs:-?} inputs, ${bytes:-?} | 0 |" >"$SCRATCH/$t.row"
+        return 0
     fi
+    artifact=$(grep -o "fuzz/artifacts/$t/[^ ]*" "$log" | tail -n1 || true)
+    {
+        echo "fuzz: $t: FAILED after ${took} s (exit $rc), ${execs:-?} execs"
+        grep -E 'panicked|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY' "$log" | head -n 5 || true
+        tail -n 30 "$log"
+        if [ -n "$artifact" ]; then
+            echo "fuzz: $t: input saved as $artifact; replay: $BIN/$t $artifact (or cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact)"
+        fi
+    } >"$SCRATCH/$t.result"
+    return 1
+}
+
+# FUZZ_JOBS targets at a time (default 1; the test suite's short run uses one per core: each
+# target is one process, and a short run is bounded by wall time, not by executions). The long
+# run's figures are of one target at a time.
+jobs_at_once=${FUZZ_JOBS:-1}
+[ "$MODE" = long ] && jobs_at_once=1
+failed=0
+ROWS=""
+declare -A running=()
+# Waits for the oldest target still running and prints its report (in the order they started).
+collect() {
+    local t=$1
+    if ! wait "${running[$t]}"; then
+        failed=1
+    fi
+    unset "running[$t]"
+    if grep -q FAILED "$SCRATCH/$t.result"; then cat "$SCRATCH/$t.result" >&2; else cat "$SCRATCH/$t.result"; fi
+    [ -f "$SCRATCH/$t.row" ] && ROWS+="$(cat "$SCRATCH/$t.row")"$'\n'
+    return 0
+}
+order=()
+for t in "${TARGETS[@]}"; do
+    if [ "${#running[@]}" -ge "$jobs_at_once" ]; then
+        collect "${order[0]}"
+        order=("${order[@]:1}")
+    fi
+    echo "fuzz: $t: running ${SECONDS_EACH}s"
+    run_target "$t" &
+    running[$t]=$!
+    order+=("$t")
+done
+for t in "${order[@]}"; do
+    collect "$t"
 done
 if [ -n "${FUZZ_KEEP:-}" ]; then
     echo "fuzz: corpora and logs kept in $SCRATCH (scripts/fuzz.sh merge adds what is new to fuzz/corpus)"

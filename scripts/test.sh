@@ -56,11 +56,14 @@ nohup cargo test --test pid1_signal_state -- --test-threads="${TFINIT_TEST_THREA
     the_child_starts_with_no_blocked the_child_gets_no_ignored_signal the_init_blocks_the_signals \
     </dev/null 2>&1 | cat
 
-step "chaos: pods killed at random moments, the next pod reconciles (short run)"
-scripts/chaos.sh "${TFINIT_CHAOS_ROUNDS:-3}" --check
+# The chaos rounds (mostly waiting on terraform and moto) run beside the fuzzing short run, which
+# runs two targets at a time at nice 10 (libFuzzer stops on wall time: it gets fewer executions
+# under load, never a longer run).
+step "chaos: pods killed at random moments, the next pod reconciles (short run), beside short fuzz runs of every target"
+scripts/chaos.sh "${TFINIT_CHAOS_ROUNDS:-3}" --check >target/chaos.log 2>&1 &
+chaos=$!
 
 if [ -n "$fuzz" ]; then
-    step "fuzzing (short run of every target)"
     fuzz_ok=0
     wait "$fuzz" || fuzz_ok=$?
     cat target/fuzz-build.log
@@ -70,7 +73,16 @@ if [ -n "$fuzz" ]; then
     fi
     # 10 s per target here (a smoke run of each parser on its corpus); `scripts/fuzz.sh long` is
     # the real search (10 minutes each).
-    FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh
+    FUZZ_SECONDS=${FUZZ_SECONDS:-10} FUZZ_JOBS=${FUZZ_JOBS:-2} nice -n 10 scripts/fuzz.sh
+fi
+
+chaos_ok=0
+wait "$chaos" || chaos_ok=$?
+echo "-- chaos"
+cat target/chaos.log
+if [ "$chaos_ok" != 0 ]; then
+    echo "scripts/test.sh: the chaos rounds failed (exit $chaos_ok); see above" >&2
+    exit 1
 fi
 
 echo

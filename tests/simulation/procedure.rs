@@ -1,27 +1,28 @@
 //! The recovery helper of today's rules is the real procedure: `Recovery::run_with`
-//! (src/locks/recover/mod.rs) on a thread of its own, its store (`Store`) and its other effects
+//! (src/locks/recover/mod.rs) as a coroutine of its own (a stack of its own, switched to and from
+//! on the simulation's thread: `corosensei`), its store (`Store`) and its other effects
 //! (`recover::Effects`: the clock, the watch's sleeps, terraform, what a working directory
-//! holds) the simulation's. The two sides run in lock-step: each store call, sleep or terraform
-//! run of the procedure is a request to the helper's task, which performs it in simulated time
-//! (the timed operations of `exec.rs`, `backend.rs`, `lease_store.rs`, `recovery_lease.rs`) while
-//! the procedure's thread waits, and answers with the result and the node's clock; the
-//! procedure runs while the simulation waits. One side runs at a time, so a seed replays exactly.
-//! A helper killed with its container: its task is dropped, and the procedure's next call
-//! unwinds its thread (a `Killed` payload, no panic message).
+//! holds) the simulation's. Each store call, sleep or terraform run of the procedure suspends it
+//! with a request to the helper's task, which performs it in simulated time (the timed
+//! operations of `exec.rs`, `backend.rs`, `lease_store.rs`, `recovery_lease.rs`) and resumes it
+//! with the result and the node's clock. One side runs at a time on one thread, so a seed
+//! replays exactly, and the mutation switch (per thread) is the schedule's. A helper killed with
+//! its container: its task is dropped, and the coroutine's stack is unwound with it.
 //!
 //! What the copy of the procedure used to check on the way is checked where the effect lands:
 //! a record removed or a lock force-unlocked after a dead verdict of the watched heartbeat
 //! (`check_dead_verdict`, with the start of the read that decided), and why a helper unlocked
 //! (`Judged`) at the unlock.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::io;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 
 use tfinit::locks::liveness::{Seen, LONGEST_TTL};
 use tfinit::locks::record::{FileId, Found, Heartbeat, Owner, Record};
@@ -29,7 +30,6 @@ use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recover::{DataDir, Effects, Recovery, RecoveryOutcome};
 use tfinit::locks::state::StateOf;
 use tfinit::locks::store::{Aside, RecoveryLock, Store};
-use tfinit::mutation;
 
 use super::api::NAMESPACE;
 use super::backend::{probe_output, unlock, PROBE_ID};
@@ -50,10 +50,6 @@ enum Req {
     Sleep(Duration),
     NowMs,
     Terraform(Box<Record>, Vec<String>),
-    /// The procedure returned.
-    Done(Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String>),
-    /// The procedure panicked: the test fails with this.
-    Panicked(String),
 }
 
 /// The simulation's answer.
@@ -69,31 +65,39 @@ enum Ans {
     Terraform(Result<(bool, String), String>),
 }
 
-/// The payload the procedure's thread unwinds with when its helper was killed.
-struct Killed;
+/// What the procedure returns.
+type Out = Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String>;
 
-/// The procedure's end of the lock-step: its requests out, the answers in, and the node's
-/// monotonic clock as of the last answer (simulated time stands still while the procedure runs).
-struct Link {
-    requests: Sender<Req>,
-    answers: Mutex<Receiver<(Instant, Ans)>>,
-    now: Mutex<Instant>,
+/// The procedure's side of its coroutine: it suspends with a request, and is resumed with the
+/// node's monotonic clock and the answer.
+type Side = Yielder<(Instant, Ans), Req>;
+
+thread_local! {
+    /// The yielder of the procedure that runs now on this thread (each helper's procedure is a
+    /// coroutine of its own; one runs at a time), set whenever one starts or is resumed.
+    static CURRENT: Cell<*const Side> = const { Cell::new(std::ptr::null()) };
+    /// Its node's monotonic clock as of its last answer (simulated time stands still while it
+    /// runs).
+    static NOW: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-impl Link {
-    /// Asks the simulation and waits for its answer; a helper killed meanwhile unwinds the
-    /// thread.
-    fn ask(&self, req: Req) -> Ans {
-        if self.requests.send(req).is_err() {
-            resume_unwind(Box::new(Killed));
-        }
-        let answered = self.answers.lock().expect("one caller").recv();
-        let Ok((now, ans)) = answered else {
-            resume_unwind(Box::new(Killed))
-        };
-        *self.now.lock().expect("one caller") = now;
-        ans
-    }
+/// The procedure that runs now (called from its coroutine, `side` its yielder) starts or is
+/// resumed at `now`.
+fn running(side: *const Side, now: Instant) {
+    CURRENT.set(side);
+    NOW.set(Some(now));
+}
+
+/// Asks the simulation, from the procedure that runs now, and waits for its answer.
+fn ask(req: Req) -> Ans {
+    let side = CURRENT.get();
+    assert!(!side.is_null(), "asked outside of a recovery procedure");
+    // SAFETY: only the store and effects of a procedure ask, and only from its coroutine's body:
+    // `side` is that coroutine's yielder (set when it started, and again below each time it is
+    // resumed), which lives on its stack as long as the body runs.
+    let (now, ans) = unsafe { &*side }.suspend(req);
+    running(side, now);
+    ans
 }
 
 fn io_err(e: String) -> io::Error {
@@ -101,7 +105,7 @@ fn io_err(e: String) -> io::Error {
 }
 
 /// The store of the procedure: each call a request.
-struct SimStore(Arc<Link>);
+struct SimStore;
 
 impl Store for SimStore {
     fn location(&self) -> String {
@@ -113,7 +117,7 @@ impl Store for SimStore {
     }
 
     fn list(&self) -> Vec<Found> {
-        match self.0.ask(Req::List) {
+        match ask(Req::List) {
             Ans::Found(f) => f,
             _ => unreachable!("a list is answered with records"),
         }
@@ -132,21 +136,21 @@ impl Store for SimStore {
     }
 
     fn remove(&self, id: &RecordId) -> io::Result<()> {
-        match self.0.ask(Req::Remove(id.clone())) {
+        match ask(Req::Remove(id.clone())) {
             Ans::Done(r) => r.map_err(io_err),
             _ => unreachable!("a removal is answered with its result"),
         }
     }
 
     fn set_aside(&self, id: &RecordId, _: &Aside) -> io::Result<RecordId> {
-        match self.0.ask(Req::SetAside(id.clone())) {
+        match ask(Req::SetAside(id.clone())) {
             Ans::Done(r) => r.map(|()| id.clone()).map_err(io_err),
             _ => unreachable!("a set-aside is answered with its result"),
         }
     }
 
     fn read_heartbeat(&self, owner: &Owner) -> io::Result<Option<Heartbeat>> {
-        match self.0.ask(Req::ReadHeartbeat(owner.clone())) {
+        match ask(Req::ReadHeartbeat(owner.clone())) {
             Ans::Heartbeat(r) => r.map_err(io_err),
             _ => unreachable!("a heartbeat read is answered with one"),
         }
@@ -157,7 +161,7 @@ impl Store for SimStore {
     }
 
     fn heartbeats(&self) -> io::Result<Vec<Heartbeat>> {
-        match self.0.ask(Req::Heartbeats) {
+        match ask(Req::Heartbeats) {
             Ans::Heartbeats(r) => r.map_err(io_err),
             _ => unreachable!("a heartbeat list is answered with one"),
         }
@@ -172,14 +176,14 @@ impl Store for SimStore {
     }
 
     fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {
-        match self.0.ask(Req::IncarnationGone(owner.clone(), file)) {
+        match ask(Req::IncarnationGone(owner.clone(), file)) {
             Ans::Gone(g) => g,
             _ => unreachable!("a flock test is answered with its result"),
         }
     }
 
     fn lock_recovery(&self, _: Duration) -> io::Result<RecoveryLock> {
-        match self.0.ask(Req::LockRecovery) {
+        match ask(Req::LockRecovery) {
             Ans::Lock(r) => r.map_err(io_err),
             _ => unreachable!("the recovery lock is answered with it"),
         }
@@ -190,7 +194,6 @@ impl Store for SimStore {
 /// `backend.rs` models it, and the model's working directories (each an s3 backend's, its
 /// path resolving as `Dir::real` says, its state as [`state_of`] reads it).
 struct SimEffects {
-    link: Arc<Link>,
     /// The node's CLOCK_MONOTONIC zero.
     base: Instant,
     dirs: Vec<Dir>,
@@ -198,11 +201,11 @@ struct SimEffects {
 
 impl Effects for SimEffects {
     fn now(&self) -> Instant {
-        *self.link.now.lock().expect("one caller")
+        NOW.get().expect("the procedure runs")
     }
 
     fn sleep(&self, d: Duration) {
-        self.link.ask(Req::Sleep(d));
+        ask(Req::Sleep(d));
     }
 
     fn instant_of(&self, ns: u64) -> Option<Instant> {
@@ -210,7 +213,7 @@ impl Effects for SimEffects {
     }
 
     fn now_ms(&self) -> u64 {
-        match self.link.ask(Req::NowMs) {
+        match ask(Req::NowMs) {
             Ans::Ms(ms) => ms,
             _ => unreachable!("the wall clock is answered with it"),
         }
@@ -235,49 +238,9 @@ impl Effects for SimEffects {
 
     fn terraform(&self, rec: &Record, _: &Path, args: &[&str]) -> Result<(bool, String), String> {
         let args = args.iter().map(|a| a.to_string()).collect();
-        match self.link.ask(Req::Terraform(Box::new(rec.clone()), args)) {
+        match ask(Req::Terraform(Box::new(rec.clone()), args)) {
             Ans::Terraform(r) => r,
             _ => unreachable!("a terraform run is answered with its result"),
-        }
-    }
-}
-
-/// A job for a thread of the pool.
-type Job = Box<dyn FnOnce() + Send>;
-
-thread_local! {
-    /// The idle threads of this simulation thread's pool (a helper's thread is reused by the
-    /// next helper once it is done).
-    static IDLE: RefCell<Vec<Sender<Job>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A thread of the pool, busy with one helper's procedure; back in the pool when dropped (a
-/// job sent to it after one that still unwinds waits for that one).
-struct Worker(Option<Sender<Job>>);
-
-impl Worker {
-    fn start(job: Job) -> Worker {
-        let tx = IDLE.with(|i| i.borrow_mut().pop()).unwrap_or_else(|| {
-            let (tx, rx) = channel::<Job>();
-            std::thread::Builder::new()
-                .name("sim-recovery".into())
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                    }
-                })
-                .expect("a thread for a recovery helper");
-            tx
-        });
-        tx.send(job).expect("the pool's thread waits for jobs");
-        Worker(Some(tx))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = IDLE.try_with(|i| i.borrow_mut().push(tx));
         }
     }
 }
@@ -308,52 +271,27 @@ pub async fn run(sim: &Sim, h: usize) {
             x.workdir.map(workdir_path),
         )
     });
-    let (requests, from_procedure) = channel();
-    let (to_procedure, answers) = channel();
     let start = sim.with(|w| w.mono(node));
-    let link = Arc::new(Link {
-        requests,
-        answers: Mutex::new(answers),
-        now: Mutex::new(start),
-    });
-    let recovery = sim.with(|w| recovery(w, h, SimStore(Arc::clone(&link))));
+    let recovery = sim.with(|w| recovery(w, h));
     let fx = sim.with(|w| SimEffects {
-        link: Arc::clone(&link),
         base: w.nodes[node].base,
         dirs: w.cfg.dirs.clone(),
     });
-    drop(link);
-    // The guards this schedule turns off, off in the procedure's thread too (the switch is per
-    // thread).
-    let off: Vec<_> = super::GUARDS
-        .iter()
-        .map(|(g, _)| *g)
-        .filter(|g| !mutation::on(*g))
-        .collect();
-    let _worker = Worker::start(Box::new(move || {
-        let _off: Vec<_> = off.into_iter().map(mutation::disable).collect();
-        let requests = fx.link.requests.clone();
-        let ran = catch_unwind(AssertUnwindSafe(|| recovery.run_with(&fx, only.as_deref())));
-        let end = match ran {
-            Ok(out) => Req::Done(out),
-            Err(p) if p.is::<Killed>() => return,
-            Err(p) => Req::Panicked(
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default(),
-            ),
-        };
-        let _ = requests.send(end);
-    }));
+    // Debug builds' frames are large: room to spare.
+    let stack = DefaultStack::new(4 << 20).expect("a stack for a recovery procedure");
+    let mut procedure: Coroutine<(Instant, Ans), Req, Out, DefaultStack> =
+        Coroutine::with_stack(stack, move |side: &Side, (now, _): (Instant, Ans)| {
+            running(side, now);
+            recovery.run_with(&fx, only.as_deref())
+        });
+    let mut answer = (start, Ans::Slept);
     let mut calls: Vec<Call> = Vec::new();
     loop {
-        let req = from_procedure
-            .recv()
-            .expect("the procedure's thread asks or ends");
+        let req = match procedure.resume(answer) {
+            CoroutineResult::Yield(req) => req,
+            CoroutineResult::Return(out) => return done(sim, h, out),
+        };
         let ans = match req {
-            Req::Done(out) => return done(sim, h, out),
-            Req::Panicked(why) => panic!("helper {h}'s recovery procedure panicked: {why}"),
             Req::List => {
                 calls.push(Call::Listed);
                 Ans::Found(list(sim, node).await)
@@ -390,15 +328,12 @@ pub async fn run(sim: &Sim, h: usize) {
                 Ans::Terraform(terraform(sim, h, tf, &me, ttl, rec, &args, &mut calls).await)
             }
         };
-        let now = sim.with(|w| w.mono(node));
-        if to_procedure.send((now, ans)).is_err() {
-            unreachable!("the procedure's thread waits for its answer");
-        }
+        answer = (sim.with(|w| w.mono(node)), ans);
     }
 }
 
 /// The procedure of helper `h` (its init's, or `tfinit recover` run by hand) on `store`.
-fn recovery(w: &World, h: usize, store: SimStore) -> Recovery {
+fn recovery(w: &World, h: usize) -> Recovery {
     let x = &w.helpers[h];
     let seen: Vec<Seen> = match x.init.map(|i| &w.incs[i].book) {
         Some(BookSide::New(b)) => {
@@ -408,7 +343,7 @@ fn recovery(w: &World, h: usize, store: SimStore) -> Recovery {
         _ => Vec::new(),
     };
     Recovery {
-        store: Box::new(store),
+        store: Box::new(SimStore),
         me: x.me.clone(),
         ttl: Duration::from_millis(x.ttl) * w.cfg.helper_ttl_factor,
         older_ttl: LONGEST_TTL,
@@ -421,7 +356,7 @@ fn recovery(w: &World, h: usize, store: SimStore) -> Recovery {
 }
 
 /// What the procedure decided for each record, for the trace and the progress report.
-fn done(sim: &Sim, h: usize, out: Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String>) {
+fn done(sim: &Sim, h: usize, out: Out) {
     let out = match out {
         Ok(out) => out,
         Err(e) => return sim.with(|w| w.log(|| format!("helper {h}: {e}"))),

@@ -33,9 +33,9 @@
 //! [`Effects`] (`effects.rs`: the clock, the watch's sleep, a working directory's resolved path,
 //! data directory and state, the terraform runs). [`Recovery::run`] uses the real ones
 //! ([`System`]). The deterministic simulation (tests/simulation/procedure.rs) calls
-//! [`Recovery::run_with`] on a thread of its own with its own store and effects, each call a
-//! request it performs in simulated time while the procedure waits: the procedure it checks,
-//! and the guards its mutation check turns off, are these.
+//! [`Recovery::run_with`] as a coroutine with its own store and effects, each call a request it
+//! performs in simulated time while the procedure waits: the procedure it checks, and the guards
+//! its mutation check turns off, are these.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

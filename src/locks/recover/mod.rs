@@ -337,7 +337,7 @@ impl Recovery {
             Some(b) if !lockinfo::probe_safe(b) => RecoveryOutcome::Unsupported(b.to_string()),
             Some(b) => {
                 let config = stored.config.clone().unwrap_or_default();
-                self.probe_and_decide(fx, observer, (b, &config), path, rec, all, lock)
+                self.probe_and_decide(fx, observer, b, &config, path, rec, all, lock)
             }
         };
         self.report(path, rec, &why_dead, &outcome);
@@ -379,7 +379,8 @@ impl Recovery {
         &self,
         fx: &dyn Effects,
         observer: &mut Observer,
-        (backend, config): (&str, &serde_json::Value),
+        backend: &str,
+        config: &serde_json::Value,
         path: &RecordId,
         rec: &Record,
         all: &[(RecordId, Record)],

@@ -661,8 +661,8 @@ fn a_helper_that_watches_four_ttls_fails_the_progress_check() {
         ..TODAY
     };
     let anchor = Instant::now();
-    // First found at seed 2,701 since issue 23's model (the schedules draw its knobs); 13,609
-    // before, 1,910 before that (a store that failed at open is retried now, and incarnation keys
+    // First found at seed 259 since the helper is the real procedure (2026-11-29); 2,701 since
+    // issue 23's model (the schedules draw its knobs); 13,609 before, 1,910 before that (a store that failed at open is retried now, and incarnation keys
     // carry a nonce; in seed 1,910 the kernel's proof decides at once where the helper watched).
     for seed in 0..20_000 {
         let (_, v, _) = run_one(seed, &o, anchor, false);

@@ -15,7 +15,7 @@ use super::helper::{dir_of, Ctx, Judged};
 use super::terraform::{Lock, LockKey, PState};
 use super::world::{workspace_name, Ev, LoopEv, Ms, Rules, Tf, World, EPOCH_MS};
 
-/// What the probe found (lockinfo::Probe, the cases the backend model has).
+/// What the probe found (lockinfo::Probe, the cases the backend model has; the old helper's).
 pub enum Probe {
     /// No lock.
     Free,
@@ -25,10 +25,22 @@ pub enum Probe {
     Unknown,
 }
 
-/// `terraform force-unlock -force <id that cannot match>` in the record's directory, by the
-/// helper's terraform: it reads the lock of the directory's state at one moment and prints what
-/// that version prints, which the real lockinfo parser reads (`parse_probe_of`).
+/// The old helper's probe: [`probe_output`], read by the real lockinfo parser.
 pub async fn probe(sim: &Sim, c: &Ctx, rec: &Record) -> Probe {
+    let output = probe_output(sim, c.tf, rec).await;
+    match lockinfo::parse_probe_of("s3", None, false, &output) {
+        lockinfo::Probe::Free => Probe::Free,
+        lockinfo::Probe::Held(info) => Probe::Held(info),
+        // Not read (the table did not answer), or read in a wording not known: cannot tell.
+        lockinfo::Probe::Unknown(_) | lockinfo::Probe::Unreadable(_) => Probe::Unknown,
+        lockinfo::Probe::HeldStateMissing(_) => unreachable!("the model's states exist"),
+    }
+}
+
+/// `terraform force-unlock -force <id that cannot match>` in the record's directory, by
+/// terraform `tf`: it reads the lock of the directory's state at one moment and prints what that
+/// version prints (exit status 1), which the real lockinfo parser reads (`parse_probe_of`).
+pub async fn probe_output(sim: &Sim, tf: Tf, rec: &Record) -> String {
     let (at, done, unknown, key) = sim.with(|w| {
         let calm = w.now >= w.cfg.calm_at;
         let dur = w.rng.range(200, 2000);
@@ -54,25 +66,18 @@ pub async fn probe(sim: &Sim, c: &Ctx, rec: &Record) -> Probe {
     let Some((held, holder_tf, key)) = slot.borrow_mut().take() else {
         unreachable!("the probe's read was taken before its end")
     };
-    let output = if unknown {
-        unreachable_output(c.tf)
+    if unknown {
+        unreachable_output(tf)
     } else {
         match (&held, key) {
-            (Some(l), Some(k)) => held_output(l, k, holder_tf.unwrap_or(c.tf)),
-            _ => free_output(c.tf),
+            (Some(l), Some(k)) => held_output(l, k, holder_tf.unwrap_or(tf)),
+            _ => free_output(tf),
         }
-    };
-    match lockinfo::parse_probe_of("s3", None, false, &output) {
-        lockinfo::Probe::Free => Probe::Free,
-        lockinfo::Probe::Held(info) => Probe::Held(info),
-        // Not read (the table did not answer), or read in a wording not known: cannot tell.
-        lockinfo::Probe::Unknown(_) | lockinfo::Probe::Unreadable(_) => Probe::Unknown,
-        lockinfo::Probe::HeldStateMissing(_) => unreachable!("the model's states exist"),
     }
 }
 
 /// The id a probe passes (lockinfo::probe_id for s3): it cannot match a lock.
-const PROBE_ID: &str = "00000000-0000-0000-0000-000000000000";
+pub const PROBE_ID: &str = "00000000-0000-0000-0000-000000000000";
 
 /// What `force-unlock` prints for a free s3 lock (stderr, exit 1).
 fn free_output(tf: Tf) -> String {
@@ -174,8 +179,8 @@ fn a_created_stamp_reads_back_through_lockinfo() {
 /// moment compares the id, and only on a match a DeleteItem at a later moment deletes whatever
 /// lock is there then, unconditionally (this is why recoveries go one at a time,
 /// `recover.lock`). Whether the id matched: terraform's exit status.
-pub async fn unlock(sim: &Sim, _node: usize, info: &LockInfo, judged: Judged) -> bool {
-    let id: u64 = model_lock_id(&info.id).unwrap_or(u64::MAX);
+pub async fn unlock(sim: &Sim, id: &str, judged: Judged) -> bool {
+    let id: u64 = model_lock_id(id).unwrap_or(u64::MAX);
     let (read_at, delete_at, done, key) = sim.with(|w| {
         let dur = w.rng.range(200, 2000);
         let read_at = w.rng.range(w.now, w.now + dur);

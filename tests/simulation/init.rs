@@ -25,7 +25,7 @@ use super::world::{
     Stored, World,
 };
 
-/// The helper's probe and unlock take at most this long (helper.rs).
+/// The helper's probe and unlock take at most this long (backend.rs).
 const PROBE_MAX: u64 = 2_000;
 
 impl World {

@@ -7,6 +7,7 @@
 //! fence (`RecoveryLock::held`: 2/3 of its duration after the last renewal that landed was sent),
 //! checked before each force-unlock; deleted (the same object) when the recovery ends.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tfinit::kube::{Error, Verb};
@@ -14,7 +15,7 @@ use tfinit::kube::{Error, Verb};
 use super::api::{retried, Body, Pre, RECOVERY};
 use super::exec::Sim;
 use super::lease_store::once;
-use super::world::{Ms, Spawn, World};
+use super::world::{Ms, Spawn};
 
 /// How often a waiter reads the Lease again (recovery.rs `POLL`).
 const POLL: Duration = Duration::from_millis(500);
@@ -30,8 +31,9 @@ pub struct Right {
     pub rv: u64,
     /// Its uid.
     pub uid: u64,
-    /// Until when it is surely the helper's (its node's monotonic clock).
-    pub fence: Instant,
+    /// Until when it is surely the helper's (its node's monotonic clock): the very cell of the
+    /// `RecoveryLock` the helper's `Store::lock_recovery` returned, which `held_at` reads.
+    pub fence: Arc<Mutex<Instant>>,
     /// The recovery ended: the renewer stops.
     pub released: bool,
 }
@@ -124,7 +126,7 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
 /// The Lease is helper `h`'s: its fence from now, its renewer started.
 fn hold(sim: &Sim, h: usize, node: usize, holder: String, ttl_ms: Ms, rv: u64, uid: u64) -> bool {
     sim.with(|w| {
-        let fence = w.mono(node) + fenced(ttl_ms);
+        let fence = Arc::new(Mutex::new(w.mono(node) + fenced(ttl_ms)));
         w.log(|| format!("helper {h} holds the recovery Lease as {holder}"));
         w.rights.insert(
             h,
@@ -140,11 +142,6 @@ fn hold(sim: &Sim, h: usize, node: usize, holder: String, ttl_ms: Ms, rv: u64, u
         w.spawn(Spawn::Renewer(h), None);
     });
     true
-}
-
-/// `RecoveryLock::held` for helper `h` on `node`.
-pub fn held(w: &World, h: usize, node: usize) -> bool {
-    w.rights.get(&h).is_some_and(|r| w.mono(node) < r.fence)
 }
 
 /// The renewer thread of helper `h` (recovery.rs `renew`), until the recovery ends or the
@@ -176,7 +173,8 @@ pub async fn renewer(sim: std::rc::Rc<Sim>, h: usize) {
             Ok(o) => sim.with(|w| {
                 if let Some(r) = w.rights.get_mut(&h) {
                     r.rv = o.rv;
-                    r.fence = r.fence.max(sent + fenced(ttl_ms));
+                    let mut fence = r.fence.lock().expect("one thread at a time");
+                    *fence = (*fence).max(sent + fenced(ttl_ms));
                 }
             }),
             Err(Error::Conflict { .. }) => {
@@ -193,7 +191,7 @@ pub async fn renewer(sim: std::rc::Rc<Sim>, h: usize) {
                         sim.with(|w| {
                             let now = w.mono(node);
                             if let Some(r) = w.rights.get_mut(&h) {
-                                r.fence = now;
+                                *r.fence.lock().expect("one thread at a time") = now;
                             }
                             w.log(|| format!("helper {h}'s recovery Lease was taken by another"));
                         });

@@ -23,25 +23,40 @@ pub(super) fn record_data_dir(rec: &Record) -> PathBuf {
 /// The backend type a working directory was initialised with (`.terraform/terraform.tfstate`,
 /// or `$TF_DATA_DIR/terraform.tfstate`); None when not initialised or local.
 pub fn backend_type(workdir: &Path) -> Option<String> {
-    backend_type_in(&run_data_dir(workdir))
-}
-
-/// The backend type stored in data directory `data_dir`; None when not initialised or local.
-pub(super) fn backend_type_in(data_dir: &Path) -> Option<String> {
-    let v = backend_file(data_dir)?;
-    v.get("backend")?.get("type")?.as_str().map(str::to_string)
+    read_data_dir(&run_data_dir(workdir)).backend
 }
 
 /// The backend configuration a working directory was initialised with (its `config` object, as
 /// terraform stored it after merging -backend-config), when there is one.
 pub fn backend_config(workdir: &Path) -> Option<serde_json::Value> {
-    backend_config_in(&run_data_dir(workdir))
+    read_data_dir(&run_data_dir(workdir)).config
 }
 
-/// The backend configuration stored in data directory `data_dir`, when there is one.
-pub(super) fn backend_config_in(data_dir: &Path) -> Option<serde_json::Value> {
-    let mut v = backend_file(data_dir)?;
-    Some(v.get_mut("backend")?.get_mut("config")?.take())
+/// What a run's data directory holds, as far as recovery asks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DataDir {
+    /// The directory exists (`terraform init` ran there, or is running).
+    pub exists: bool,
+    /// The backend type terraform stored (`.terraform/terraform.tfstate`); None: local or none.
+    pub backend: Option<String>,
+    /// The backend configuration terraform stored (after merging -backend-config), if any.
+    pub config: Option<serde_json::Value>,
+}
+
+/// What data directory `data_dir` holds: whether it exists, and the backend's type and
+/// configuration terraform stored there (one read of its `terraform.tfstate`).
+pub(super) fn read_data_dir(data_dir: &Path) -> DataDir {
+    let mut stored = backend_file(data_dir);
+    let backend = stored.as_mut().and_then(|v| v.get_mut("backend"));
+    let kind = backend
+        .as_ref()
+        .and_then(|b| b.get("type")?.as_str())
+        .map(str::to_string);
+    DataDir {
+        exists: data_dir.is_dir(),
+        backend: kind,
+        config: backend.and_then(|b| Some(b.get_mut("config")?.take())),
+    }
 }
 
 /// The namespace and name of terraform's Lease for `workspace` on the kubernetes backend

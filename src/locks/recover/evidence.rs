@@ -4,9 +4,8 @@
 //! that may be the same, a tfinit alive on the Who's host, or a live run of this init).
 
 use std::path::Path;
-use std::time::Instant;
 
-use super::{Recovery, Window, CLOCK_SKEW};
+use super::{Effects, Recovery, Window, CLOCK_SKEW};
 use crate::locks::book::LiveRun;
 use crate::locks::liveness::{last_alive_ms, run_state, Facts, Observer, RunState};
 use crate::locks::lockinfo::LockInfo;
@@ -47,6 +46,7 @@ impl Recovery {
     /// lock `info`, and whether a run that may be alive here would write the same Who.
     pub(super) fn window(
         &self,
+        fx: &dyn Effects,
         observer: &mut Observer,
         path: &RecordId,
         rec: &Record,
@@ -62,14 +62,14 @@ impl Recovery {
             ));
             None
         });
-        let state = record_state(rec);
+        let state = record_state(fx, rec);
         // Another run whose record is here, on a state that may be this one (whatever directory
         // it works in), with the same Who, that may be alive.
         let twin = all
             .iter()
             .filter(|(p, r)| p != path && r.who == info.who)
-            .filter(|(_, r)| state::may_share(&state, &record_state(r)))
-            .find(|(_, r)| !matches!(self.state_now(observer, r), RunState::Over(_)))
+            .filter(|(_, r)| state::may_share(&state, &record_state(fx, r)))
+            .find(|(_, r)| !matches!(self.state_now(fx, observer, r), RunState::Over(_)))
             .map(|(_, r)| format!("{} of {} in {}", r.run_id, r.owner.name, r.workdir));
         let beats = self.store.heartbeats().unwrap_or_else(|e| {
             unread.push(format!(
@@ -87,9 +87,9 @@ impl Recovery {
             };
             let kernel = self.kernel(&hb.owner);
             if kernel.is_none() {
-                self.read_beat(observer, &hb.owner);
+                self.read_beat(fx, observer, &hb.owner);
             }
-            let verdict = observer.verdict(&hb.owner.key(), Instant::now());
+            let verdict = observer.verdict(&hb.owner.key(), fx.now());
             !matches!(
                 run_state(&self.me, &facts, kernel, verdict),
                 RunState::Over(_)
@@ -106,7 +106,7 @@ impl Recovery {
                     info.created_ms
                         .is_none_or(|c| l.started_ms <= c.saturating_add(skew))
                 })
-                .find(|l| state::may_share(&state, &live_state(l)))
+                .find(|l| state::may_share(&state, &live_state(fx, l)))
                 .map(|l| {
                     format!(
                         "a run of {} in this init, in {} (workspace {})",
@@ -129,18 +129,18 @@ impl Recovery {
 }
 
 /// The state `rec`'s run locks, as far as its working directory tells now.
-fn record_state(rec: &Record) -> StateOf {
+fn record_state(fx: &dyn Effects, rec: &Record) -> StateOf {
     if let Some(why) = state::unsure_reason(&rec.subcommand, &rec.argv, &[]) {
         return StateOf::Unsure(why);
     }
     let data_dir = rec.data_dir.as_deref().map(Path::new);
-    state::read(Path::new(&rec.workdir), data_dir, &rec.workspace)
+    fx.state(Path::new(&rec.workdir), data_dir, &rec.workspace)
 }
 
 /// The state live run `l` locks, as far as its working directory tells now.
-fn live_state(l: &LiveRun) -> StateOf {
+fn live_state(fx: &dyn Effects, l: &LiveRun) -> StateOf {
     if let Some(why) = &l.unsure {
         return StateOf::Unsure(why.clone());
     }
-    state::read(&l.workdir, l.data_dir.as_deref(), &l.workspace)
+    fx.state(&l.workdir, l.data_dir.as_deref(), &l.workspace)
 }

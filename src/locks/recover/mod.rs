@@ -28,12 +28,19 @@
 //! was initialised with and writes the command a person runs, `invoke.rs` runs terraform,
 //! `outcome.rs` is what a recovery decided and what the helper tells the init, `report.rs` the
 //! log lines.
+//!
+//! The procedure has two seams and no effect outside them: the store ([`Store`]) and
+//! [`Effects`] (`effects.rs`: the clock, the watch's sleep, a working directory's resolved path,
+//! data directory and state, the terraform runs). [`Recovery::run`] uses the real ones
+//! ([`System`]). The deterministic simulation (tests/simulation/procedure.rs) calls
+//! [`Recovery::run_with`] as a coroutine with its own store and effects, each call a request it
+//! performs in simulated time while the procedure waits: the procedure it checks, and the guards
+//! its mutation check turns off, are these.
 
-use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::liveness::{self, run_state, Facts, Observer, RunState, Seen, Token, Verdict};
+use super::liveness::{run_state, Facts, Observer, RunState, Seen, Token, Verdict};
 use super::lockinfo::{self, Probe};
 use super::record::{self, Found, NeedsPerson, Owner, Record};
 use super::store::{self, Aside, RecoveryLock, Store};
@@ -44,6 +51,7 @@ use crate::mutation::{self, Guard};
 
 mod backend;
 mod decision;
+mod effects;
 mod evidence;
 mod invoke;
 mod outcome;
@@ -51,11 +59,11 @@ mod report;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{backend_config, backend_type, kubernetes_lease, release_command};
-use backend::{backend_config_in, backend_type_in, record_data_dir};
+use backend::record_data_dir;
+pub use backend::{backend_config, backend_type, kubernetes_lease, release_command, DataDir};
 pub use decision::{decide, Decision, Window, CLOCK_SKEW};
+pub use effects::{Effects, System};
 pub use evidence::live_on_host;
-use invoke::run_terraform;
 pub use outcome::{HelperReport, RecoveryOutcome, UnknownWording, REPORT_FD_VAR};
 
 /// The init's hidden subcommand that recovers one working directory.
@@ -97,9 +105,22 @@ impl Recovery {
         &self,
         only: Option<&Path>,
     ) -> Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String> {
+        let fx = System {
+            terraform: &self.terraform,
+        };
+        self.run_with(&fx, only)
+    }
+
+    /// [`run`](Recovery::run) with the effects `fx` (the real ones: [`System`]; the simulation's,
+    /// in simulated time): every effect besides the store goes through it.
+    pub fn run_with(
+        &self,
+        fx: &dyn Effects,
+        only: Option<&Path>,
+    ) -> Result<Vec<(RecordId, Box<Record>, RecoveryOutcome)>, String> {
         let mut observer =
-            Observer::import(self.ttl, self.older_ttl, &self.seen, liveness::instant_of);
-        let only = only.map(|d| (d, fs::canonicalize(d).ok()));
+            Observer::import(self.ttl, self.older_ttl, &self.seen, |ns| fx.instant_of(ns));
+        let only = only.map(|d| (d, fx.canonical(d)));
         let only = only.as_ref();
         // Watching first, without the state directory's recovery lock: a pod that just came up
         // watches another's heartbeat for a TTL before it can call it dead, and other pods'
@@ -109,11 +130,11 @@ impl Recovery {
             .list()
             .into_iter()
             .filter_map(|f| match f {
-                Found::Record(_, r) if only.is_none_or(|d| same_dir(d, &r.workdir)) => Some(*r),
+                Found::Record(_, r) if only.is_none_or(|d| same_dir(fx, d, &r.workdir)) => Some(*r),
                 _ => None,
             })
             .collect();
-        self.watch(&mut observer, &listed);
+        self.watch(fx, &mut observer, &listed);
         // A dry run changes nothing, so it needs no exclusivity (and works on a read-only view).
         let lock = if self.dry_run || !mutation::on(Guard::RecoverLock) {
             None
@@ -157,7 +178,7 @@ impl Recovery {
                     "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit"
                 ),
                 Found::Record(path, rec) => {
-                    if only.is_some_and(|d| !same_dir(d, &rec.workdir)) {
+                    if only.is_some_and(|d| !same_dir(fx, d, &rec.workdir)) {
                         continue;
                     }
                     let outcome = match &unlisted {
@@ -166,7 +187,7 @@ impl Recovery {
                                 "not every lock-owner record could be listed ({why}): a live run with this record's Who may be among those not listed"
                             ))
                         }
-                        _ => self.one(&mut observer, &path, &rec, &records, lock.as_ref()),
+                        _ => self.one(fx, &mut observer, &path, &rec, &records, lock.as_ref()),
                     };
                     out.push((path, rec, outcome));
                 }
@@ -180,7 +201,7 @@ impl Recovery {
     /// hosts the records' `Who` names, which [`live_on_host`] asks about (one that died shortly
     /// before would otherwise stay "may be alive" and keep a dead run's lock for good). Says once
     /// what it waits for.
-    fn watch(&self, observer: &mut Observer, records: &[Record]) {
+    fn watch(&self, fx: &dyn Effects, observer: &mut Observer, records: &[Record]) {
         let mut owners: Vec<Owner> = Vec::new();
         let mut add = |o: &Owner| {
             if !o.same_incarnation(&self.me) && !owners.iter().any(|x| x.same_incarnation(o)) {
@@ -202,13 +223,13 @@ impl Recovery {
         let mut said = false;
         let mut older_said: Vec<String> = Vec::new();
         loop {
-            let now = Instant::now();
+            let now = fx.now();
             let mut longest = Duration::ZERO;
             for o in &owners {
                 if self.kernel(o).is_some() {
                     continue;
                 }
-                self.read_beat(observer, o);
+                self.read_beat(fx, observer, o);
                 // An older tfinit states no TTL: it is judged by TFINIT_OLDER_OWNER_TTL, a year by
                 // default, which no run waits for. Its record stays until it is decided.
                 let key = o.key();
@@ -224,7 +245,7 @@ impl Recovery {
                     }
                     continue;
                 }
-                if let Verdict::Watching { left } = observer.verdict(&key, Instant::now()) {
+                if let Verdict::Watching { left } = observer.verdict(&key, fx.now()) {
                     longest = longest.max(left);
                     if !said {
                         said = true;
@@ -241,21 +262,22 @@ impl Recovery {
             if longest.is_zero() {
                 return;
             }
-            std::thread::sleep(WATCH_EVERY.min(longest).saturating_sub(now.elapsed()));
+            let elapsed = fx.now().saturating_duration_since(now);
+            fx.sleep(WATCH_EVERY.min(longest).saturating_sub(elapsed));
         }
     }
 
     /// One read of `owner`'s heartbeat, fed to `observer` when the store answered: a read with
     /// no answer is no sign of anything (fed as "missing", a TTL of them would call a live owner
     /// dead).
-    fn read_beat(&self, observer: &mut Observer, owner: &Owner) {
-        let started = Instant::now();
+    fn read_beat(&self, fx: &dyn Effects, observer: &mut Observer, owner: &Owner) {
+        let started = fx.now();
         let token = match self.store.read_heartbeat(owner) {
             Ok(hb) => hb.as_ref().map(Token::of),
             Err(_) if mutation::on(Guard::UnansweredRead) => return,
             Err(_) => None,
         };
-        observer.saw(&owner.key(), token, started, Instant::now());
+        observer.saw(&owner.key(), token, started, fx.now());
     }
 
     /// What the kernel says of `owner`'s lock file when it ran on this kernel and its heartbeat
@@ -267,7 +289,7 @@ impl Recovery {
     }
 
     /// Whether `rec`'s run is over, with a fresh read of its owner's heartbeat.
-    fn state_now(&self, observer: &mut Observer, rec: &Record) -> RunState {
+    fn state_now(&self, fx: &dyn Effects, observer: &mut Observer, rec: &Record) -> RunState {
         let facts = Facts::of(rec);
         observer.stated(&rec.owner.key(), facts.ttl);
         if facts.ended.is_some() || rec.owner.same_incarnation(&self.me) {
@@ -275,21 +297,22 @@ impl Recovery {
         }
         let kernel = self.kernel(&rec.owner);
         if kernel.is_none() {
-            self.read_beat(observer, &rec.owner);
+            self.read_beat(fx, observer, &rec.owner);
         }
-        let verdict = observer.verdict(&rec.owner.key(), Instant::now());
+        let verdict = observer.verdict(&rec.owner.key(), fx.now());
         run_state(&self.me, &facts, kernel, verdict)
     }
 
     fn one(
         &self,
+        fx: &dyn Effects,
         observer: &mut Observer,
         path: &RecordId,
         rec: &Record,
         all: &[(RecordId, Record)],
         lock: Option<&RecoveryLock>,
     ) -> RecoveryOutcome {
-        let RunState::Over(why_dead) = self.state_now(observer, rec) else {
+        let RunState::Over(why_dead) = self.state_now(fx, observer, rec) else {
             return RecoveryOutcome::OwnerAlive;
         };
         if self.automatic
@@ -299,20 +322,23 @@ impl Recovery {
         }
         let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
-        let backend = backend_type_in(&data_dir);
-        let outcome = match backend.as_deref() {
+        let stored = fx.data_dir(&data_dir);
+        let outcome = match stored.backend.as_deref() {
             // Not initialised (yet: a new pod's first `init`, recorded and so recovered before it
             // runs, in a fresh working directory): the backend is unknown, not local.
-            None if !data_dir.is_dir() => RecoveryOutcome::Unknown(format!(
+            None if !stored.exists => RecoveryOutcome::Unknown(format!(
                 "{} is not initialised ({} does not exist): its backend is unknown until `terraform init` runs there",
                 workdir.display(),
                 data_dir.display()
             )),
             None | Some("local") | Some("pg") => {
-                RecoveryOutcome::NothingToRelease(backend.unwrap_or_else(|| "local".into()))
+                RecoveryOutcome::NothingToRelease(stored.backend.unwrap_or_else(|| "local".into()))
             }
             Some(b) if !lockinfo::probe_safe(b) => RecoveryOutcome::Unsupported(b.to_string()),
-            Some(b) => self.probe_and_decide(observer, b, path, rec, all, lock),
+            Some(b) => {
+                let config = stored.config.clone().unwrap_or_default();
+                self.probe_and_decide(fx, observer, b, &config, path, rec, all, lock)
+            }
         };
         self.report(path, rec, &why_dead, &outcome);
         if !self.dry_run {
@@ -321,7 +347,7 @@ impl Recovery {
                     let mut marked = rec.clone();
                     marked.needs_person = Some(NeedsPerson {
                         reported_by: self.me.incarnation(),
-                        ms: record::now_ms(),
+                        ms: fx.now_ms(),
                         lock_id: info.id.clone(),
                         command: command.clone(),
                     });
@@ -348,24 +374,23 @@ impl Recovery {
         outcome
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn probe_and_decide(
         &self,
+        fx: &dyn Effects,
         observer: &mut Observer,
         backend: &str,
+        config: &serde_json::Value,
         path: &RecordId,
         rec: &Record,
         all: &[(RecordId, Record)],
         lock: Option<&RecoveryLock>,
     ) -> RecoveryOutcome {
-        let workdir = Path::new(&rec.workdir);
         let data_dir = record_data_dir(rec);
-        let config = backend_config_in(&data_dir).unwrap_or_default();
-        let lease = (backend == "kubernetes").then(|| kubernetes_lease(&config, &rec.workspace).1);
-        let probe = match run_terraform(
-            &self.terraform,
-            workdir,
+        let lease = (backend == "kubernetes").then(|| kubernetes_lease(config, &rec.workspace).1);
+        let probe = match fx.terraform(
+            rec,
             &data_dir,
-            &rec.workspace,
             &["force-unlock", "-force", lockinfo::probe_id(backend)],
         ) {
             Ok((ok, output)) => lockinfo::parse_probe_of(backend, lease.as_deref(), ok, &output),
@@ -378,7 +403,11 @@ impl Recovery {
             Probe::Held(info) => (info, false),
             Probe::HeldStateMissing(info) => (info, true),
         };
-        match decide(rec, &info, &self.window(observer, path, rec, &info, all)) {
+        match decide(
+            rec,
+            &info,
+            &self.window(fx, observer, path, rec, &info, all),
+        ) {
             Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),
             Decision::Unlock => {}
@@ -386,7 +415,7 @@ impl Recovery {
         // terraform's force-unlock loads the state first, and loading a missing state takes the
         // lock to create it: with the lock held, that fails whatever the id.
         if state_missing {
-            let command = release_command(backend, &config, &rec.workspace, &info);
+            let command = release_command(backend, config, &rec.workspace, &info);
             return RecoveryOutcome::NeedsPerson(info, command);
         }
         if self.dry_run {
@@ -396,7 +425,7 @@ impl Recovery {
         // beat since the probe makes it alive) and the records (a run that started here since,
         // with the same Who, makes the lock ambiguous). The init's live runs cannot have grown:
         // no state-locking run of the init starts while its recovery runs.
-        if !matches!(self.state_now(observer, rec), RunState::Over(_)) {
+        if !matches!(self.state_now(fx, observer, rec), RunState::Over(_)) {
             return RecoveryOutcome::OwnerAlive;
         }
         let mut fresh: Vec<(RecordId, Record)> = Vec::new();
@@ -415,25 +444,23 @@ impl Recovery {
                 _ => {}
             }
         }
-        match decide(rec, &info, &self.window(observer, path, rec, &info, &fresh)) {
+        match decide(
+            rec,
+            &info,
+            &self.window(fx, observer, path, rec, &info, &fresh),
+        ) {
             Decision::NotOurs(why) => return RecoveryOutcome::HeldByOther(info, why),
             Decision::Ambiguous(why) => return RecoveryOutcome::Ambiguous(info, why),
             Decision::Unlock => {}
         }
         // A right to recover that must be renewed (the Kubernetes store's Lease) and was not in
         // time may be another pod's by now: nothing is released without it.
-        if mutation::on(Guard::RecoveryHeld) && lock.is_some_and(|l| !l.held()) {
+        if mutation::on(Guard::RecoveryHeld) && lock.is_some_and(|l| !l.held_at(fx.now())) {
             return RecoveryOutcome::Unknown(
                 "the right to recover was not renewed in time (the recovery Lease): nothing released; the next recovery decides again".into(),
             );
         }
-        match run_terraform(
-            &self.terraform,
-            workdir,
-            &data_dir,
-            &rec.workspace,
-            &["force-unlock", "-force", &info.id],
-        ) {
+        match fx.terraform(rec, &data_dir, &["force-unlock", "-force", &info.id]) {
             Ok((true, _)) => RecoveryOutcome::Unlocked(info),
             Ok((false, output)) => RecoveryOutcome::UnlockFailed(lockinfo::first_line(&output)),
             Err(e) => RecoveryOutcome::UnlockFailed(e),
@@ -443,10 +470,10 @@ impl Recovery {
 
 /// Whether the working directory `dir` (given with its resolved path) is `workdir`, by what it
 /// is: the same text, or the same directory once symbolic links are resolved.
-fn same_dir(dir: &(&Path, Option<PathBuf>), workdir: &str) -> bool {
+fn same_dir(fx: &dyn Effects, dir: &(&Path, Option<PathBuf>), workdir: &str) -> bool {
     let (text, resolved) = dir;
     *text == Path::new(workdir)
         || resolved
             .as_ref()
-            .is_some_and(|r| fs::canonicalize(workdir).is_ok_and(|w| w == *r))
+            .is_some_and(|r| fx.canonical(Path::new(workdir)).is_some_and(|w| w == *r))
 }

@@ -66,12 +66,23 @@ pub struct RecoveryLock {
 }
 
 impl RecoveryLock {
+    /// The right `held` stands for (released when it is dropped), surely this process's until
+    /// the instant in `fence` (which its renewals move on), or until dropped (`fence` None).
+    pub fn new(held: Box<dyn Send>, fence: Option<Arc<Mutex<Instant>>>) -> RecoveryLock {
+        RecoveryLock { _held: held, fence }
+    }
+
     /// Whether the right is surely still this process's: always for a flock; for a Lease, until
     /// 2/3 of its duration after the last renewal that landed (a waiter takes it only after
     /// watching it unrenewed for all of it). A recovery checks it before each release.
     pub fn held(&self) -> bool {
+        self.held_at(Instant::now())
+    }
+
+    /// [`held`](RecoveryLock::held) at `now`, an instant of this process's monotonic clock.
+    pub fn held_at(&self, now: Instant) -> bool {
         self.fence.as_ref().is_none_or(|f| match f.lock() {
-            Ok(until) => Instant::now() < *until,
+            Ok(until) => now < *until,
             Err(_) => false,
         })
     }

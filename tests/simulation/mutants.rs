@@ -48,11 +48,12 @@ mutant!(
     1_000,
     "Safety(SameWho)"
 );
+// First seed 2,303 since the simulation drives the real recovery procedure (696 before).
 mutant!(
     mutant_recover_lock,
     Guard::RecoverLock,
     Focus::Crowd,
-    3_000,
+    5_000,
     "Safety(UnlockRace)"
 );
 mutant!(

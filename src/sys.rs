@@ -119,6 +119,17 @@ pub fn return_large_buffers(threshold: usize) -> bool {
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, value) == 1 }
 }
 
+/// Takes an exclusive flock(2) on `fd` without waiting (EWOULDBLOCK: another open file
+/// description holds it). Unlike nix's `Flock` guard, nothing unlocks it on drop: the lock is
+/// released when the last descriptor of this open file description closes (every process that
+/// inherited one is gone), which is what an incarnation's lock file is for.
+pub(crate) fn flock_exclusive_now(fd: std::os::fd::BorrowedFd<'_>) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) takes a descriptor, valid for the call as `fd` is borrowed, and flags; it
+    // touches no memory of ours.
+    Errno::result(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }).map(drop)
+}
+
 /// The soft stack limit (RLIMIT_STACK) of this process, in bytes; None when unlimited (or when
 /// it cannot be read: the kernel then uses its largest ARG_MAX, and so does the caller).
 pub fn stack_limit() -> Option<u64> {

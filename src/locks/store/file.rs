@@ -331,18 +331,16 @@ impl Store for FileStore {
         )
         .map_err(|e| e.into_io(&path))?;
         let id = FileId::of(&file)?;
-        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        // Never unlocked: the flock must last until the last process holding this descriptor
+        // (this init and every terraform run it started) is gone, and the kernel frees it then
+        // (an unlock would free it for every holder at once).
+        crate::sys::flock_exclusive_now(file.as_fd()).map_err(|e| {
             io::Error::other(format!(
                 "cannot flock {}: {e} (another process holds this incarnation's lock file?)",
                 path.display()
             ))
         })?;
-        let fd = lock.as_fd().try_clone_to_owned()?;
-        // Never unlocked: the flock must last until the last process holding `fd` (this init
-        // and every terraform run it started) is gone, and the kernel frees it then. Dropping
-        // the Flock would unlock it for every holder at once.
-        std::mem::forget(lock);
-        Ok(Some((fd, id)))
+        Ok(Some((OwnedFd::from(file), id)))
     }
 
     fn incarnation_gone(&self, owner: &Owner, file: FileId) -> Option<bool> {

@@ -191,10 +191,16 @@ fn a_live_pods_lock_is_never_released_through_leases(tf: &Terraform) {
     let env = [("TF_VAR_sleep", "0".to_string())];
     let mut pod_b = pod(&w, "pod-b", apply_until_success(&b_out, 30), &env, true);
     let a_out = w.tmp.join("pod-a.out");
+    // The lock may change hands before pod-a's script writes "done": its terraform released the
+    // lock and exited, and pod-b's next attempt took it (a CI-like run under load 33 saw that by
+    // 9 s). Whether it changed hands while pod-a's terraform still held it is what the checks
+    // after the loop decide: pod-a's terraform released its own lock without an error (a lock
+    // force-unlocked under it would fail its release) and pod-b's tfinit force-unlocked nothing.
+    let mut changed = None;
     wait_for(STEP + 2 * TTL, "pod-a's apply to end", || {
         if let Some(now) = w.api().lock("default") {
-            if !common::read(&a_out).contains("done") {
-                assert_eq!(now, lock, "pod-a's lock changed while pod-a's apply ran");
+            if now != lock && changed.is_none() && !common::read(&a_out).contains("done") {
+                changed = Some(now);
             }
         }
         common::read(&a_out).contains("done").then_some(())
@@ -220,10 +226,14 @@ fn a_live_pods_lock_is_never_released_through_leases(tf: &Terraform) {
         );
     }
     let log = pod_b.log();
-    assert!(!log.contains("force-unlock"), "{log}");
     assert!(
-        !common::read(&a_out.with_extension("out.1")).contains("Error releasing the state lock"),
-        "pod-a released its own lock"
+        !log.contains("force-unlock"),
+        "pod-b force-unlocked (the lock changed to {changed:?} before pod-a's done): {log}"
+    );
+    let a_attempt = common::read(&a_out.with_extension("out.1"));
+    assert!(
+        !a_attempt.contains("Error releasing the state lock"),
+        "pod-a released its own lock (it changed to {changed:?} before pod-a's done): {a_attempt}"
     );
     assert!(w.cluster().record_leases().is_empty());
     w.assert_state_consistent("default");

@@ -86,7 +86,7 @@ mutant!(
 mutant!(
     mutant_live_runs,
     Guard::LiveRuns,
-    Focus::TwoHelpers,
+    Focus::Crowd,
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
 );

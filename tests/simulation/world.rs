@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tfinit::locks::book::{Book, LiveRun};
+use tfinit::locks::book::LiveRun;
 use tfinit::locks::names::RunId;
 use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
@@ -317,7 +317,8 @@ pub fn workspace_name(ws: u8) -> String {
     }
 }
 
-/// Where a state-locking run is, in its init.
+/// Where a state-locking run is, in its init (the old rules' model: today's runs are the real
+/// code's, `init.rs`).
 #[derive(Debug, Clone)]
 pub enum Life {
     /// Waits for the store (opening, a recovery here, our end-markings here) until `deadline`.
@@ -357,8 +358,8 @@ pub struct Run {
 /// The book of an init: the real one, or the old one.
 #[derive(Debug)]
 pub enum BookSide {
-    /// Today's `Book`.
-    New(Box<Book>),
+    /// Today's init: the real runs and records around today's `Book` (`init.rs`).
+    New(Box<super::init::Today>),
     /// The old book (`legacy.rs`).
     Old(Box<legacy::Book>),
 }
@@ -403,9 +404,9 @@ pub struct Inc {
     pub writes: usize,
     /// The recorder task.
     pub rec_task: TaskId,
-    /// Runs by key.
+    /// Runs by key (the old rules' model).
     pub runs: BTreeMap<u64, Run>,
-    /// Next run key.
+    /// Next run key (the old rules' model).
     pub next_run: u64,
     /// When the loop's next timer wake-up is scheduled.
     pub wake_at: Option<Ms>,

@@ -94,7 +94,8 @@ mutant!(
 // finds it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
 // from seed 0 would take minutes of CI, so the search covers the window that holds today's first
 // seed. A change of the model that moves it fails this test loudly; retune the focus then
-// (docs/reliability.md).
+// (docs/reliability.md). Since the simulation drives the init's real runs and records (issue 25)
+// it finds nothing in seeds 0..20,000: this test fails until the focus is retuned.
 #[test]
 fn mutant_recovery_held() {
     let o = Opts {

@@ -48,12 +48,13 @@ mutant!(
     1_000,
     "Safety(SameWho)"
 );
-// First seed 2,303 since the simulation drives the real recovery procedure (696 before).
+// First seed 1,127 since the simulation drives the real recovery procedure and the init's real
+// runs and records (696 with both modelled, 2,303 with the real procedure alone).
 mutant!(
     mutant_recover_lock,
     Guard::RecoverLock,
     Focus::Crowd,
-    5_000,
+    3_000,
     "Safety(UnlockRace)"
 );
 mutant!(
@@ -87,7 +88,7 @@ mutant!(
 mutant!(
     mutant_live_runs,
     Guard::LiveRuns,
-    Focus::TwoHelpers,
+    Focus::Crowd,
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
 );
@@ -95,7 +96,8 @@ mutant!(
 // finds it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
 // from seed 0 would take minutes of CI, so the search covers the window that holds today's first
 // seed. A change of the model that moves it fails this test loudly; retune the focus then
-// (docs/reliability.md).
+// (docs/reliability.md). Since the simulation drives the init's real runs and records (issue 25)
+// it finds nothing in seeds 0..20,000: this test fails until the focus is retuned.
 #[test]
 fn mutant_recovery_held() {
     let o = Opts {

@@ -93,11 +93,15 @@ mutant!(
     "Safety(InitsLiveRun)" | "Safety(SameState)"
 );
 // The recovery Lease's fence: since group commit (fewer, batched requests per node) `lease-crowd`
-// finds it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
-// from seed 0 would take minutes of CI, so the search covers the window that holds today's first
-// seed. A change of the model that moves it fails this test loudly; retune the focus then
-// (docs/reliability.md). Since the simulation drives the init's real runs and records (issue 25)
-// it finds nothing in seeds 0..20,000: this test fails until the focus is retuned.
+// found it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
+// from seed 0 would take minutes of CI, so the search covers the window that held the first seed.
+// Since the simulation drives the init's real runs and records and the real recovery procedure
+// (issue 25) it finds nothing in seeds 0..20,000 (12,000 + 8,000 schedules explored on the merge):
+// this test fails, loudly, until the focus is retuned. Why it is so rare (docs/reliability.md):
+// a holder must lose its Lease between its probe and its force-unlock of a dead lock, the taker
+// must judge the same lock dead (not Ambiguous: the dead run's pod often runs on in the one
+// directory, with the same Who), and the two force-unlocks must interleave with a new terraform
+// taking the lock; `recover-lock` (no exclusion at all) is already 1 in 1,127 on `crowd`.
 #[test]
 fn mutant_recovery_held() {
     let o = Opts {

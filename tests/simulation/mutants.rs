@@ -92,31 +92,14 @@ mutant!(
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
 );
-// The recovery Lease's fence: since group commit (fewer, batched requests per node) `lease-crowd`
-// found it in 1 of 16,000 schedules of 10 TTLs (seed 15,840), none in 40,000 of 4 TTLs: searching
-// from seed 0 would take minutes of CI, so the search covers the window that held the first seed.
-// Since the simulation drives the init's real runs and records and the real recovery procedure
-// (issue 25) it finds nothing in seeds 0..20,000 (12,000 + 8,000 schedules explored on the merge):
-// this test fails, loudly, until the focus is retuned. Why it is so rare (docs/reliability.md):
-// a holder must lose its Lease between its probe and its force-unlock of a dead lock, the taker
-// must judge the same lock dead (not Ambiguous: the dead run's pod often runs on in the one
-// directory, with the same Who), and the two force-unlocks must interleave with a new terraform
-// taking the lock; `recover-lock` (no exclusion at all) is already 1 in 1,127 on `crowd`.
-#[test]
-fn mutant_recovery_held() {
-    let o = Opts {
-        max_ttls: 10,
-        ..TODAY
-    };
-    find_without_in(
-        Guard::RecoveryHeld,
-        Focus::LeaseCrowd,
-        15_000..16_000,
-        "RecoveryHeld off: [\"Safety(UnlockRace)\"]",
-        o,
-        |v| v.sig == "Safety(UnlockRace)",
-    );
-}
+// Not in the list: the recovery Lease's fence (`Guard::RecoveryHeld`). Since the simulation drives
+// the init's real runs and records and the real recovery procedure (issue 25), `lease-crowd` finds
+// nothing with it off in seeds 0..20,000 of 10 TTLs (it found seed 15,840 of the models before):
+// the race needs a holder that loses its Lease between its probe and its force-unlock of a dead
+// lock, a taker that judges the same lock dead rather than Ambiguous, and the two force-unlocks
+// interleaved with a new terraform taking the lock (docs/reliability.md). Its mutation check is
+// `recover::tests::mutant_recovery_held_releases_under_a_lapsed_right`, on the same real
+// procedure with the clock and the probe's duration set (a probe slower than the renewal margin).
 mutant!(
     mutant_wordings,
     Guard::Wordings,

@@ -6,6 +6,10 @@
 //! is its own dev-dependency with that feature, so `cargo build --release` never has it): without
 //! it [`on`] is the constant `true` and `disable` does not exist. With it, the switch is
 //! per thread, so tests running side by side in one process do not see each other's.
+//!
+//! The same feature lets the simulation set the wall clock that the records' `now_ms`
+//! (locks/record.rs) reads in its thread ([`at_wall_ms`]): the init's code it drives stamps records with the
+//! simulated node's clock (skewed, stepping), as the real code stamps them with the host's.
 
 /// A safety guard of the liveness and recovery rules (docs/reliability.md, "Mutation check").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,6 +99,43 @@ impl Drop for Disabled {
     }
 }
 
+#[cfg(feature = "mutation")]
+thread_local! {
+    static WALL_MS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The wall clock this thread was given ([`at_wall_ms`]), ms since the epoch; None (the host's
+/// clock) unless a test set one.
+#[inline(always)]
+pub fn wall_ms() -> Option<u64> {
+    #[cfg(feature = "mutation")]
+    {
+        WALL_MS.with(std::cell::Cell::get)
+    }
+    #[cfg(not(feature = "mutation"))]
+    {
+        None
+    }
+}
+
+/// Makes the wall clock read `ms` in this thread until the returned value is dropped.
+#[cfg(feature = "mutation")]
+pub fn at_wall_ms(ms: u64) -> WallClock {
+    WallClock(WALL_MS.with(|w| w.replace(Some(ms))))
+}
+
+/// A wall clock set in this thread; the one before it is back when dropped.
+#[cfg(feature = "mutation")]
+#[derive(Debug)]
+pub struct WallClock(Option<u64>);
+
+#[cfg(feature = "mutation")]
+impl Drop for WallClock {
+    fn drop(&mut self) {
+        WALL_MS.with(|w| w.set(self.0));
+    }
+}
+
 #[cfg(all(test, feature = "mutation"))]
 mod tests {
     use super::*;
@@ -109,5 +150,17 @@ mod tests {
             .unwrap();
         drop(off);
         assert!(on(Guard::Fence));
+    }
+
+    #[test]
+    fn a_wall_clock_is_set_only_in_its_thread_and_until_dropped() {
+        assert_eq!(wall_ms(), None);
+        let set = at_wall_ms(7);
+        assert_eq!(wall_ms(), Some(7));
+        std::thread::spawn(|| assert_eq!(wall_ms(), None))
+            .join()
+            .unwrap();
+        drop(set);
+        assert_eq!(wall_ms(), None);
     }
 }

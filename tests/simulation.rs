@@ -14,17 +14,21 @@
 //! `last_alive_ms`, the store's kernel proof (`kernel_proof_with`, `same_lock_file`: device and
 //! inode), the state identity (`state::of_backend_file` on each directory's stored backend
 //! settings, `state::by_text`, `state::may_share`), `live_on_host`, the recovery's `decide`, and
-//! lockinfo's `parse_probe_of` reading what each terraform version prints. The recovery helper
-//! (an init's `__recover` or a person's `tfinit recover`) is the real procedure itself,
-//! recover/mod.rs's `Recovery::run_with`, as a coroutine on the simulation's thread, its store
-//! calls, sleeps and terraform runs performed in simulated time while it is suspended
-//! (`procedure.rs`). Around them, a model of the code that does I/O, following it step by step:
-//! the init's loop for state-locking runs (src/init/records.rs, runs/launch.rs: `init.rs`).
+//! lockinfo's `parse_probe_of` reading what each terraform version prints; the init's runs and
+//! records (src/init/runs/, records.rs: a state-locking run's lock check, its wait for the store,
+//! its recovery, its record, its launch refused as the book says, its end; the book's timers and
+//! fence), driven through `tfinit::init::sim_seam` as the supervisor drives them (the actions
+//! between the two carried out by the supervisor's own src/init/handoff.rs), the world playing
+//! the supervisor's part (`init.rs`: terraform and helpers started, signals, the recorder's
+//! channel, the node's clocks). The recovery helper (an init's `__recover` or a person's `tfinit
+//! recover`) is the real procedure itself, recover/mod.rs's `Recovery::run_with`, as a coroutine
+//! on the simulation's thread, its store calls, sleeps and terraform runs performed in simulated
+//! time while it is suspended (`procedure.rs`).
 //! Files: `world.rs` (the cluster and its state), `exec.rs` (the executor and timed volume
 //! operations), `check.rs` (the invariants), `schedule.rs` (a seed's schedule), `pods.rs`,
 //! `terraform.rs`, `backend.rs` (terraform's lock table as a helper meets it), `procedure.rs`
-//! (today's helper), `helper.rs` (the helper's task, and the old rules' helper), `legacy.rs` and
-//! `legacy_recorder.rs` (the old rules).
+//! (today's helper), `helper.rs` (the helper's task, and the old rules' helper), `legacy.rs`,
+//! `legacy_init.rs` and `legacy_recorder.rs` (the old rules).
 //!
 //! # What is modelled (tests/simulation/*.rs)
 //! - Nodes (2 or 3), each with a boot id, a monotonic clock of its own (`Instant`s made as
@@ -146,8 +150,6 @@
 mod api;
 #[path = "simulation/backend.rs"]
 mod backend;
-#[path = "simulation/booked.rs"]
-mod booked;
 #[path = "simulation/check.rs"]
 mod check;
 #[path = "simulation/exec.rs"]
@@ -160,6 +162,8 @@ mod init;
 mod lease_store;
 #[path = "simulation/legacy.rs"]
 mod legacy;
+#[path = "simulation/legacy_init.rs"]
+mod legacy_init;
 #[path = "simulation/legacy_recorder.rs"]
 mod legacy_recorder;
 #[path = "simulation/mutants.rs"]

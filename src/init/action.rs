@@ -134,6 +134,12 @@ pub(super) enum Action {
     TerraformExited(RunId, Exit),
     /// Records: take in the recorder's news now (what follows is decided on the latest table).
     TakeNews,
+    /// Records: the recorder's news, then the book's timers that are due (records that did not
+    /// land in time, the fence, a stale heartbeat).
+    RecordTimers,
+    /// Runs: their timers that are due (waits for the store, abandoned runs' SIGKILL, the
+    /// linger of pipes after terraform exited).
+    RunTimers,
     /// Runs: this run's lock-recovery helper was reaped.
     RecoveryExited(RunId, Exit),
     /// The timeline: the controller was reaped (logged, and the shutdown starts unless it runs).

@@ -9,13 +9,16 @@
 //! recovery helpers report), shutdown.rs (the timeline), reaping.rs (whose each child is). Around
 //! them: setup.rs (before the loop), spawn.rs (starting processes), reaper.rs (waitpid),
 //! forward.rs (where signals go), status.rs (the status document), token.rs (epoll tokens),
-//! plain.rs (the fallback).
+//! plain.rs (the fallback). handoff.rs carries out the actions between the runs and the records,
+//! for the supervisor and for sim_seam.rs (tests only: the simulation drives the real runs and
+//! records through it).
 
 mod action;
 mod bounds;
 mod conns;
 mod event_loop;
 mod forward;
+mod handoff;
 mod plain;
 mod reaper;
 mod reaping;
@@ -25,6 +28,9 @@ mod runs;
 mod session;
 mod setup;
 pub(crate) mod shutdown;
+#[cfg(feature = "mutation")]
+#[doc(hidden)]
+pub mod sim_seam;
 mod spawn;
 mod status;
 mod supervisor;

@@ -123,9 +123,20 @@ pub(super) struct Records {
     ttl: Duration,
     /// TFINIT_OLDER_OWNER_TTL.
     older_ttl: Duration,
-    /// What was sent to the recorder, for the tests (they have no recorder thread).
-    #[cfg(test)]
+    /// Without a recorder thread (the unit tests, the simulation's seam): the work sent and the
+    /// completions fed, by hand.
+    #[cfg(any(test, feature = "mutation"))]
+    by_hand: Option<ByHand>,
+}
+
+/// The recorder's channel, by hand: what the caller takes and feeds in its place.
+#[cfg(any(test, feature = "mutation"))]
+#[derive(Debug, Default)]
+struct ByHand {
+    /// The work sent, for the caller to take.
     sent: Vec<Work>,
+    /// Completions fed by the caller, taken in with the news.
+    done: Vec<Completion>,
 }
 
 impl Records {
@@ -154,8 +165,8 @@ impl Records {
             store_setting: cfg.store,
             ttl: cfg.owner_ttl,
             older_ttl: cfg.older_owner_ttl,
-            #[cfg(test)]
-            sent: Vec::new(),
+            #[cfg(any(test, feature = "mutation"))]
+            by_hand: None,
         };
         match started {
             Ok(r) => records.recorder = Some(r),
@@ -187,11 +198,10 @@ impl Records {
         runs: &mut RunTable<R, RunRecord>,
         now: Instant,
     ) -> Vec<RecordEvent> {
-        let done = self
-            .recorder
-            .as_ref()
-            .map(Recorder::take_completions)
-            .unwrap_or_default();
+        let done = match &self.recorder {
+            Some(r) => r.take_completions(),
+            None => self.fed(),
+        };
         let mut out = Vec::new();
         for c in done {
             out.extend(self.complete(runs, c, now));
@@ -267,8 +277,11 @@ impl Records {
     /// Queues storage work; never blocks. A recorder that is gone (its thread died) makes the
     /// store unusable: runs go on without records.
     fn send<R>(&mut self, runs: &mut RunTable<R, RunRecord>, request: Work) -> Vec<RecordEvent> {
-        #[cfg(test)]
-        self.sent.push(request.clone());
+        #[cfg(any(test, feature = "mutation"))]
+        if let Some(hand) = &mut self.by_hand {
+            hand.sent.push(request);
+            return Vec::new();
+        }
         let Some(recorder) = &self.recorder else {
             return Vec::new();
         };
@@ -421,20 +434,55 @@ impl Records {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "mutation"))]
 impl Records {
-    /// Records without a recorder thread, for the runs' tests: completions are fed by hand.
-    pub(super) fn for_tests(book: Book) -> Records {
+    /// Records without a recorder thread (the runs' tests, the simulation's seam): the work sent
+    /// is taken with [`Self::take_sent`], completions are fed with [`Self::deliver`].
+    pub(super) fn by_hand(book: Book, state_dir: PathBuf, ttl: Duration) -> Records {
         Records {
             book,
             recorder: None,
             incarnation_lock: None,
-            state_dir: PathBuf::from("/state"),
+            state_dir,
             store_setting: crate::config::StoreSetting::File,
-            ttl: Duration::from_secs(30),
+            ttl,
             older_ttl: crate::locks::liveness::LONGEST_TTL,
-            sent: Vec::new(),
+            by_hand: Some(ByHand::default()),
         }
+    }
+
+    /// Puts `c` in the channel, as if the recorder had done it: taken in with the next news.
+    pub(super) fn deliver(&mut self, c: Completion) {
+        if let Some(hand) = &mut self.by_hand {
+            hand.done.push(c);
+        }
+    }
+
+    /// What was sent to the recorder since the last call.
+    pub(super) fn take_sent(&mut self) -> Vec<Work> {
+        self.by_hand
+            .as_mut()
+            .map(|h| std::mem::take(&mut h.sent))
+            .unwrap_or_default()
+    }
+}
+
+impl Records {
+    /// The completions fed by hand (none with a recorder thread, or without the test seam).
+    fn fed(&mut self) -> Vec<Completion> {
+        #[cfg(any(test, feature = "mutation"))]
+        if let Some(hand) = &mut self.by_hand {
+            return std::mem::take(&mut hand.done);
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+impl Records {
+    /// Records without a recorder thread, for the runs' tests: completions are fed by hand.
+    pub(super) fn for_tests(book: Book) -> Records {
+        Records::by_hand(book, PathBuf::from("/state"), Duration::from_secs(30))
     }
 
     /// Feeds `c` as if the recorder had done it.
@@ -445,11 +493,6 @@ impl Records {
         now: Instant,
     ) -> Vec<RecordEvent> {
         self.complete(runs, c, now)
-    }
-
-    /// What was sent to the recorder since the last call.
-    pub(super) fn take_sent(&mut self) -> Vec<Work> {
-        std::mem::take(&mut self.sent)
     }
 }
 

@@ -14,7 +14,6 @@ mod control;
 mod relay;
 mod signalling;
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
@@ -30,13 +29,14 @@ use super::action::Action;
 use super::bounds;
 use super::conns::{After, Conns};
 use super::forward::forward_target;
+use super::handoff;
 use super::reaper::{self, Exit};
 use super::reaping::Children;
-use super::records::{Record, RecordEvent, Records};
+use super::records::Records;
 use super::reports::Reports;
 use super::runs::Runs;
 use super::setup::Mode;
-use super::shutdown::{Phase, Timeline};
+use super::shutdown::Timeline;
 use super::spawn;
 use super::token::{self, ConnId};
 use crate::config::InitConfig;
@@ -192,27 +192,21 @@ impl Init {
 
     /// Does what the concerns asked, in order. What comes of an action (terraform started or not,
     /// a record's answer, a concern's answer to another's) is carried out before the actions
-    /// asked after it: a queue, never a call of itself.
+    /// asked after it (handoff.rs `run_queue`).
     fn apply(&mut self, actions: Vec<Action>) {
-        // Most wake-ups (every forwarded signal) have nothing to apply.
-        if actions.is_empty() {
-            return;
-        }
-        let mut queue = VecDeque::from(actions);
-        let mut more = Vec::new();
-        while let Some(action) = queue.pop_front() {
-            self.apply_one(action, &mut more);
-            for a in more.drain(..).rev() {
-                queue.push_front(a);
-            }
-        }
+        handoff::run_queue(actions, |action, more| self.apply_one(action, more));
     }
 
-    /// Carries out one action; what comes of it goes to `more`.
+    /// Carries out one action; what comes of it goes to `more`. Those between the runs and the
+    /// records are carried out in handoff.rs (the simulation drives the same code).
     fn apply_one(&mut self, action: Action, more: &mut Vec<Action>) {
         let now = Instant::now();
-        let stopping = self.timeline.phase() == Phase::Stopping;
-        let book = self.records.book();
+        let at = (now, self.timeline.phase());
+        let (runs, records) = (&mut self.runs, &mut self.records);
+        let Some(action) = handoff::carry(runs, records, &self.cfg.state_dir, at, action, more)
+        else {
+            return;
+        };
         match action {
             Action::Attach { conn, run } => self.conns.attach(conn, run),
             Action::Answer { conn, note } => more.extend(self.answer(conn, &note)),
@@ -241,22 +235,23 @@ impl Init {
                 signo,
                 what,
             } => self.signal(target, signo, what),
-            Action::Record(r) => more.extend(self.record(r, now)),
-            Action::TakeNews => more.extend(self.news(now)),
-            Action::Admit => more.extend(self.runs.admit(book, now)),
-            Action::Recheck => more.extend(self.runs.recheck(book, now)),
-            Action::RefuseWaiting(why) => more.extend(self.runs.refuse_waiting(why)),
             Action::StopRuns(force) => more.extend(self.stop_runs(force)),
-            Action::Detach(run) => more.extend(self.runs.detach(run, now, stopping)),
-            Action::TerraformExited(run, exit) => {
-                more.extend(self.runs.terraform_exited(run, exit, stopping, book, now))
-            }
-            Action::RecoveryExited(run, exit) => more.extend(self.recovery_exited(run, exit)),
             Action::ControllerExited { pid, exit } => more.extend(self.main_exited(pid, exit, now)),
             Action::ShutdownBegan {
                 cause,
                 quiet_when_done,
             } => self.began(cause, quiet_when_done),
+            // Carried out by handoff::carry above.
+            Action::Record(_)
+            | Action::TakeNews
+            | Action::RecordTimers
+            | Action::RunTimers
+            | Action::Admit
+            | Action::Recheck
+            | Action::RefuseWaiting(_)
+            | Action::Detach(_)
+            | Action::TerraformExited(..)
+            | Action::RecoveryExited(..) => {}
         }
     }
 
@@ -268,13 +263,6 @@ impl Init {
     /// A run of `subcommand` is over: counted.
     fn tally(&self, subcommand: &str, outcome: RunOutcome, took: Duration) {
         self.metrics.run_ended(subcommand, outcome, took);
-    }
-
-    /// A run's lock-recovery helper was reaped: the run goes on, or is refused while the init
-    /// refuses runs.
-    fn recovery_exited(&mut self, run: RunId, exit: Exit) -> Vec<Action> {
-        let refusal = self.timeline.refusal();
-        self.runs.recovery_exited(run, exit, refusal)
     }
 
     /// Starts terraform for a run in `Launching`, and tells the run how that went.
@@ -305,33 +293,10 @@ impl Init {
         self.runs.recovery_started(run, &args, watching, started)
     }
 
-    /// A change to the records; what it means for the runs (a run that goes without a record, a
-    /// recorder found gone) goes to them.
-    fn record(&mut self, r: Record, now: Instant) -> Vec<Action> {
-        let events = self.records.apply(self.runs.records_mut(), r, now);
-        if events.is_empty() {
-            return Vec::new();
-        }
-        self.runs.on_record_events(events, self.records.book())
-    }
-
-    /// What the records say for the runs (and runs that wait for the store look again).
-    fn record_events(&mut self, events: Vec<RecordEvent>) {
-        let acts = self.runs.on_record_events(events, self.records.book());
-        self.apply(acts);
-    }
-
     /// Takes in the recorder's news (never blocks) and carries out what it means: before anything
     /// is decided on records, so that decisions use the latest table.
-    fn take_news(&mut self, now: Instant) {
-        let acts = self.news(now);
-        self.apply(acts);
-    }
-
-    /// Takes in the recorder's news: what it means for the runs.
-    fn news(&mut self, now: Instant) -> Vec<Action> {
-        let news = self.records.take_news(self.runs.records_mut(), now);
-        self.runs.on_record_events(news, self.records.book())
+    fn take_news(&mut self) {
+        self.apply(vec![Action::TakeNews]);
     }
 
     /// The controller was reaped: the shutdown starts unless it runs already.
@@ -486,7 +451,7 @@ impl Init {
 
     /// The recorder's eventfd is readable: take in what it did (never blocks).
     pub(super) fn on_recorder(&mut self) {
-        self.take_news(Instant::now());
+        self.take_news();
     }
 
     /// The epoll timeout: until the nearest timer, or forever.
@@ -521,13 +486,8 @@ impl Init {
         self.conns.client_timers(now, &self.epoll);
         let steps = self.timeline.due(now);
         self.apply(steps);
-        // The recorder's quiet news first (heartbeats that went well): a stale heartbeat is
-        // judged on the latest.
-        let mut events = self.records.take_news(self.runs.records_mut(), now);
-        events.extend(self.records.record_timers(self.runs.records_mut(), now));
-        self.record_events(events);
-        let acts = self.runs.run_timers(&self.cfg.state_dir, now);
-        self.apply(acts);
+        // The records' timers, then the runs' (handoff.rs).
+        self.apply(vec![Action::RecordTimers, Action::RunTimers]);
     }
 
     // ----- the end -----

@@ -47,8 +47,12 @@ pub const LIST_BUDGET: usize = 128 * 1024;
 /// print them.
 pub const OMITTED_MARK: &str = "\u{2026} ";
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (the simulation's node clock in its thread:
+/// [`crate::mutation::at_wall_ms`]).
 pub fn now_ms() -> u64 {
+    if let Some(ms) = crate::mutation::wall_ms() {
+        return ms;
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -469,6 +473,16 @@ pub(crate) fn sample(owner: &Owner) -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "mutation")]
+    #[test]
+    fn the_wall_clock_is_the_simulations_where_it_set_one() {
+        let host = now_ms();
+        let set = crate::mutation::at_wall_ms(7);
+        assert_eq!(now_ms(), 7);
+        drop(set);
+        assert!(now_ms() >= host, "the host's clock again");
+    }
 
     #[test]
     fn records_that_could_steer_a_recovery_are_corrupt() {

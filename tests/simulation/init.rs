@@ -1,32 +1,126 @@
-//! The init's loop, as far as records and locks go (src/init/records.rs and runs/launch.rs): a
-//! state-locking run's check (wait while the store opens, while a recovery of this init runs,
-//! while our own end-markings in its directory are on their way; a helper when the book says a
-//! recovery is needed), its record, its launch (refused while the fence is up, or as the book
-//! says), the book's timers and fence, and what happens when terraform ends. Also terraform
-//! itself (takes the lock of its directory's state, waits for it, works, releases it; SIGTERM and
-//! SIGKILL), `tfinit recover` by hand, a restore of `owners/`, and the life of pods and
-//! containers. Under `Rules::Legacy` the book is the old one and nothing serialises recoveries.
+//! The init's loop, as far as records and locks go: today's is the real code (the runs and the
+//! records of src/init, driven through `tfinit::init::sim_seam` as the supervisor drives them:
+//! a state-locking run's lock check, its recovery, its record, its launch, the book's timers and
+//! fence, what happens when terraform ends), this file being the world's side of it: what starts
+//! terraform or a helper, the signals, the recorder's channel, the clocks, the progress owed.
+//! Under `Rules::Legacy` the book is the old one and the loop its model (`legacy_init.rs`).
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Instant;
 
-use tfinit::locks::book::{Event, Launch, NewRun, Start};
+use nix::unistd::Pid;
+use tfinit::init::sim_seam::{self, Loop};
+use tfinit::locks::book::{Book, LiveRun};
 use tfinit::locks::liveness::{last_alive_ms, Facts};
 use tfinit::locks::names::RunId;
-use tfinit::locks::record::{Ended, Record, FORMAT};
+use tfinit::locks::record::Record;
 use tfinit::locks::recorder::Work;
 use tfinit::locks::recover::CLOCK_SKEW;
 use tfinit::locks::who::who_host;
+use tfinit::mutation;
 
 use super::check::{Obligation, CALM_OP_MAX};
 use super::helper::dir_of;
 use super::terraform::{PState, Proc};
 use super::world::{
-    workdir_path, workspace_name, BookSide, Comp, Ev, Helper, Life, LoopEv, Rules, Run, Spawn,
-    Stored, World,
+    workdir_path, workspace_name, BookSide, Comp, Ev, Helper, LoopEv, Rules, Spawn, Stored, World,
 };
 
 /// The helper's probe and unlock take at most this long (backend.rs).
 const PROBE_MAX: u64 = 2_000;
+
+/// The pids of recovery helpers start here (terraform process `p` is pid `p + 2`).
+const HELPER_PIDS: i32 = 1_000_000_000;
+
+/// Today's init: the real runs and records, and what the world knows of its runs.
+#[derive(Debug)]
+pub struct Today {
+    /// The loop (out of here while it runs: it calls the world).
+    lp: Option<Loop>,
+    /// Each run's directory and workspace (what its terraform locks).
+    runs: BTreeMap<RunId, (u8, u8)>,
+    /// The observer's calm-phase runs that wait for their lock check, until their deadline.
+    awaiting: BTreeMap<RunId, (u8, u8, Instant)>,
+    /// The id of the next run (runs/mod.rs gives ids in order, from r1).
+    next: u64,
+}
+
+impl Today {
+    /// An init whose book is `book`, its TTL `ttl`, its TFINIT_RECORD_TIMEOUT `record_timeout`.
+    pub fn new(book: Book, ttl: std::time::Duration, record_timeout: std::time::Duration) -> Today {
+        Today {
+            lp: Some(Loop::new(book, Path::new("/state"), ttl, record_timeout)),
+            runs: BTreeMap::new(),
+            awaiting: BTreeMap::new(),
+            next: 1,
+        }
+    }
+
+    fn lp(&self) -> &Loop {
+        self.lp.as_ref().expect("the loop is back after each event")
+    }
+
+    /// Run `run`'s record status (the book's, read in the runs' table), if the book knows it.
+    pub fn record(&self, run: RunId) -> Option<&tfinit::locks::book::RecordStatus> {
+        self.lp().record(run)
+    }
+}
+
+/// What the world reads of today's init is its book (helper.rs, check.rs): read-only.
+impl std::ops::Deref for Today {
+    type Target = Book;
+
+    fn deref(&self) -> &Book {
+        self.lp().book()
+    }
+}
+
+/// The world, as today's loop sees it while it runs for incarnation `inc`.
+struct Fx<'a> {
+    w: &'a mut World,
+    inc: usize,
+}
+
+impl Fx<'_> {
+    fn today(&self) -> &Today {
+        match &self.w.incs[self.inc].book {
+            BookSide::New(t) => t,
+            BookSide::Old(_) => unreachable!("today's loop runs today's book"),
+        }
+    }
+}
+
+impl sim_seam::World for Fx<'_> {
+    fn spawn(&mut self, run: RunId) -> Pid {
+        let (workdir, ws) = self.today().runs[&run];
+        let p = self.w.start_terraform(self.inc, run, workdir, ws);
+        Pid::from_raw(p as i32 + 2)
+    }
+
+    fn recover(&mut self, run: RunId, _workdir: &Path, live: Vec<LiveRun>) -> Pid {
+        let (workdir, _) = self.today().runs[&run];
+        let h = self.w.start_helper(self.inc, run, workdir, live);
+        Pid::from_raw(HELPER_PIDS + h as i32)
+    }
+
+    fn sigterm(&mut self, pid: Pid) {
+        let p = proc_of(pid).expect("SIGTERM goes to terraform only");
+        self.w.sigterm(p);
+    }
+
+    fn sigkill(&mut self, pgid: Pid) {
+        // A helper is SIGKILLed only by the shutdown's kill step or a cancel: neither is modelled.
+        let p = proc_of(pgid).expect("no recovery helper is SIGKILLed in the model");
+        self.w.sigkill(p);
+    }
+}
+
+/// The terraform process of pid `pid`, if it is one.
+fn proc_of(pid: Pid) -> Option<usize> {
+    let raw = pid.as_raw();
+    (2..HELPER_PIDS).contains(&raw).then(|| raw as usize - 2)
+}
 
 impl World {
     /// An event that is not a task's.
@@ -55,308 +149,160 @@ impl World {
             self.at(end, Ev::Loop(inc, lev));
             return;
         }
+        match self.cfg.rules {
+            Rules::New => self.on_loop_today(inc, lev),
+            Rules::Legacy => self.on_loop_legacy(inc, lev),
+        }
+        self.maybe_exit(inc);
+        self.schedule_wake(inc);
+    }
+
+    pub fn mono_of(&self, inc: usize) -> Instant {
+        self.mono(self.incs[inc].node)
+    }
+
+    /// An event for today's loop, then its timers (as event_loop.rs: the dispatch, then the
+    /// timers).
+    fn on_loop_today(&mut self, inc: usize, lev: LoopEv) {
+        let now = self.mono_of(inc);
         match lev {
             LoopEv::Wake => {}
             LoopEv::Request {
                 workdir,
                 ws,
                 observed,
-            } => self.start_run(inc, workdir, ws, observed),
-            LoopEv::Reaped { proc } => self.on_reaped(inc, proc),
-            LoopEv::HelperExit { helper } => self.on_helper_exit(inc, helper),
-        }
-        // As event_loop.rs: the dispatch, then the timers.
-        self.on_timers(inc);
-        self.maybe_exit(inc);
-        self.schedule_wake(inc);
-    }
-
-    fn mono_of(&self, inc: usize) -> Instant {
-        self.mono(self.incs[inc].node)
-    }
-
-    /// Takes the completions waiting (records.rs: on_recorder).
-    fn on_recorder(&mut self, inc: usize) {
-        let done = std::mem::take(&mut self.incs[inc].inbox);
-        let now = self.mono_of(inc);
-        for c in done {
-            let events = match (&mut self.incs[inc].book, c) {
-                (BookSide::New(b), Comp::New(c)) => b.on_completion(c, now),
-                (BookSide::Old(b), Comp::Old(c)) => b.on_completion(c, now),
-                _ => unreachable!("one kind of completion per rule set"),
-            };
-            self.apply(inc, events);
-        }
-    }
-
-    /// The book's timers, then the runs that waited too long (records.rs: on_record_timers).
-    fn on_timers(&mut self, inc: usize) {
-        self.on_recorder(inc);
-        let now = self.mono_of(inc);
-        let events = match &mut self.incs[inc].book {
-            BookSide::New(b) => b.tick(now),
-            BookSide::Old(b) => b.tick(now),
-        };
-        self.apply(inc, events);
-        let expired: Vec<u64> = self.incs[inc]
-            .runs
-            .iter()
-            .filter(|(_, r)| matches!(r.life, Life::Awaiting { deadline } if deadline <= now))
-            .filter(|_| !self.recovering(inc))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in expired {
-            if let Some(run) = self.incs[inc].runs.remove(&k) {
-                let Life::Awaiting { deadline } = run.life else {
-                    unreachable!()
-                };
-                self.record_step(inc, k, run, Some(deadline));
+            } => self.request(inc, workdir, ws, observed),
+            LoopEv::Reaped { proc } => {
+                let (pid, killed) = (Pid::from_raw(proc as i32 + 2), self.procs[proc].killed);
+                self.with_loop(inc, |lp, fx| lp.reaped(fx, pid, killed, now));
+            }
+            LoopEv::HelperExit { helper } => {
+                let pid = Pid::from_raw(HELPER_PIDS + helper as i32);
+                self.with_loop(inc, |lp, fx| lp.reaped(fx, pid, false, now));
             }
         }
+        self.with_loop(inc, |lp, fx| lp.timers(fx, now));
     }
 
-    /// Does what the book asks (records.rs: apply), then resumes runs that may go on.
-    fn apply(&mut self, inc: usize, events: Vec<Event>) {
-        for e in events {
-            match e {
-                Event::Log(n) => {
-                    let key = self.incs[inc].key.clone();
-                    self.log(|| format!("{key}: {}", n.message()));
-                }
-                Event::Start { run, .. } => self.record_settled(inc, run),
-                Event::Fence { runs, kill } => {
-                    let key = self.incs[inc].key.clone();
-                    self.log(|| {
-                        format!(
-                            "{key}: fence {} {runs:?}",
-                            if kill { "SIGKILL" } else { "SIGTERM" }
-                        )
-                    });
-                    for id in runs {
-                        let proc = self.incs[inc].runs.values().find_map(|r| match r.life {
-                            Life::Running { proc } if r.id == id => Some(proc),
-                            _ => None,
-                        });
-                        if let Some(p) = proc {
-                            if kill {
-                                self.sigkill(p);
-                            } else {
-                                self.sigterm(p);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        self.resume_awaiting(inc);
-    }
-
-    /// Whether a recovery helper of this init runs (runs/mod.rs `recovering`: no state-locking
-    /// run starts meanwhile, in any directory; the old init had no such rule).
-    fn recovering(&self, inc: usize) -> bool {
-        self.cfg.rules == Rules::New
-            && self.incs[inc]
-                .runs
-                .values()
-                .any(|r| matches!(r.life, Life::Recovering { .. }))
-    }
-
-    fn resume_awaiting(&mut self, inc: usize) {
-        let ready: Vec<u64> = self.incs[inc]
-            .runs
-            .iter()
-            .filter(|(_, r)| matches!(r.life, Life::Awaiting { .. }))
-            .filter(|(_, r)| {
-                let i = &self.incs[inc];
-                let path = workdir_path(r.workdir);
-                let (opening, may) = match &i.book {
-                    BookSide::New(b) => (b.opening(), b.may_recover(&path)),
-                    BookSide::Old(b) => (b.opening(), b.may_recover(&path)),
-                };
-                !opening && may && !self.recovering(inc)
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        for k in ready {
-            if let Some(run) = self.incs[inc].runs.remove(&k) {
-                let Life::Awaiting { deadline } = run.life else {
-                    unreachable!()
-                };
-                self.check_lock(inc, k, run, Some(deadline));
-            }
-        }
-    }
-
-    /// A shim asks for a state-locking run (launch.rs: start_run).
-    fn start_run(&mut self, inc: usize, workdir: u8, ws: u8, observed: bool) {
-        if self.incs[inc].stopping {
-            return;
-        }
-        let k = self.incs[inc].next_run;
-        self.incs[inc].next_run += 1;
+    /// A shim asks for a state-locking run (control.rs: the news first, then runs' `request`).
+    /// A calm-phase run of the observer owes progress from its lock check: at once when the
+    /// store is open and no recovery of this init runs (before terraform may start), else when
+    /// it leaves its wait (`settle_observed`).
+    fn request(&mut self, inc: usize, workdir: u8, ws: u8, observed: bool) {
         let now = self.mono_of(inc);
-        let run = Run {
-            id: RunId::from(k),
-            workdir,
-            ws,
-            life: Life::Awaiting { deadline: now },
-            observed,
-        };
+        self.with_loop(inc, |lp, fx| lp.news(fx, now));
+        let today = self.today(inc);
+        let checks_now = !today.lp().book().opening() && !today.lp().recovering();
+        if observed && checks_now {
+            self.owe(inc, workdir, ws);
+        }
         let key = self.incs[inc].key.clone();
+        let today = self.today_mut(inc);
+        let k = today.next;
+        today.runs.insert(RunId::from(k), (workdir, ws));
         self.log(|| {
             format!(
                 "{key}: run r{k} asked for in /tf/w{workdir} {}",
                 workspace_name(ws)
             )
         });
-        self.check_lock(inc, k, run, None);
-    }
-
-    /// launch.rs: check_lock.
-    fn check_lock(&mut self, inc: usize, k: u64, mut run: Run, deadline: Option<Instant>) {
-        let now = self.mono_of(inc);
-        let deadline =
-            deadline.unwrap_or(now + std::time::Duration::from_millis(self.cfg.record_timeout));
-        self.on_recorder(inc);
-        let path = workdir_path(run.workdir);
-        let opening = match &self.incs[inc].book {
-            BookSide::New(b) => b.opening(),
-            BookSide::Old(b) => b.opening(),
-        };
-        if opening || self.recovering(inc) {
-            run.life = Life::Awaiting { deadline };
-            self.incs[inc].runs.insert(k, run);
-            return;
-        }
-        if run.observed {
-            self.owe(inc, run.workdir, run.ws);
-        }
-        let wall = self.wall(self.incs[inc].node);
-        let (needs, may) = match &self.incs[inc].book {
-            BookSide::New(b) => (b.needs_recovery(&path, now), b.may_recover(&path)),
-            BookSide::Old(b) => (b.needs_recovery(&path, wall), b.may_recover(&path)),
-        };
-        if !needs {
-            return self.record_step(inc, k, run, Some(deadline));
-        }
-        if !may {
-            run.life = Life::Awaiting { deadline };
-            self.incs[inc].runs.insert(k, run);
-            return;
-        }
-        let live = match &self.incs[inc].book {
-            BookSide::New(b) => b.live_runs(),
-            BookSide::Old(b) => b.live_runs(),
-        };
-        let h = self.helpers.len();
-        let task = self.spawn(Spawn::Helper(h), None);
-        let i = &self.incs[inc];
-        self.helpers.push(Helper {
-            init: Some(inc),
-            node: i.node,
-            me: i.owner.clone(),
-            ttl: i.ttl,
-            tf: self.pods[i.pod].tf,
-            workdir: Some(run.workdir),
-            task,
-            alive: true,
-            live,
-            started: self.now,
+        let (path, name) = (workdir_path(workdir), workspace_name(ws));
+        let asked = (path.as_path(), name.as_str(), &["apply"][..]);
+        let run = self.with_loop(inc, |lp, fx| {
+            let run = lp.request(fx, asked, now)?;
+            Some((run, lp.awaiting_until(run)))
         });
-        self.stats.helpers += 1;
-        self.incs[inc].helpers.push(h);
-        let key = self.incs[inc].key.clone();
-        self.log(|| {
-            format!(
-                "{key}: helper {h} for run {} in /tf/w{}",
-                run.id, run.workdir
-            )
-        });
-        run.life = Life::Recovering { helper: h };
-        self.incs[inc].runs.insert(k, run);
-    }
-
-    /// launch.rs: record_step.
-    fn record_step(&mut self, inc: usize, k: u64, mut run: Run, deadline: Option<Instant>) {
-        let now = self.mono_of(inc);
-        let path = workdir_path(run.workdir);
-        let ws = workspace_name(run.ws);
-        let started_ms = self.wall(self.incs[inc].node);
-        let start = match &mut self.incs[inc].book {
-            BookSide::New(b) => {
-                let new = NewRun {
-                    run: run.id,
-                    workdir: &path,
-                    workspace: &ws,
-                    subcommand: "apply",
-                    argv: &[],
-                    env: &[],
-                    started_ms,
-                };
-                b.begin(&new, now, deadline)
-            }
-            BookSide::Old(b) => b.begin(run.id, &path, &ws, now, deadline),
+        let today = self.today_mut(inc);
+        let Some((run, waits)) = run else {
+            // Refused (the init is stopping): no id was used.
+            today.runs.remove(&RunId::from(k));
+            return;
         };
-        match start {
-            Start::Unrecorded(_) => self.launch(inc, k, run),
-            Start::Record { .. } => {
-                let wall = self.wall(self.incs[inc].node);
-                let record = Record {
-                    v: FORMAT,
-                    owner: self.incs[inc].owner.clone(),
-                    who: String::new(),
-                    run_id: run.id.to_string(),
-                    cwd: path.to_string_lossy().into_owned(),
-                    workdir: path.to_string_lossy().into_owned(),
-                    workspace: ws,
-                    subcommand: "apply".into(),
-                    argv: vec!["apply".into()],
-                    started_ms: wall,
-                    in_progress: Vec::new(),
-                    updated_ms: wall,
-                    ended: None,
-                    needs_person: None,
-                    ttl_ms: Some(self.incs[inc].ttl),
-                    data_dir: None,
-                };
-                let id = run.id;
-                run.life = Life::Recording;
-                self.incs[inc].runs.insert(k, run);
-                self.send_request(
-                    inc,
-                    Work::Create {
-                        run: id,
-                        record: Box::new(record),
-                        env: Vec::new(),
-                    },
-                );
-            }
+        assert_eq!(run, RunId::from(k), "runs/mod.rs gives ids in order");
+        today.next += 1;
+        if let Some(deadline) = waits.filter(|_| observed) {
+            today.awaiting.insert(run, (workdir, ws, deadline));
         }
     }
 
-    /// The book says a run waiting in `recording` may start.
-    fn record_settled(&mut self, inc: usize, id: RunId) {
-        let k = self.incs[inc]
-            .runs
+    /// Runs today's loop of `inc` with the world's part played by the world: the recorder's
+    /// completions go in its channel first, the work it sent goes to the recorder after, and
+    /// the wall clock its code reads is the node's.
+    fn with_loop<R>(&mut self, inc: usize, f: impl FnOnce(&mut Loop, &mut Fx) -> R) -> R {
+        let _wall = mutation::at_wall_ms(self.wall(self.incs[inc].node));
+        let mut lp = self
+            .today_mut(inc)
+            .lp
+            .take()
+            .expect("one loop event at a time");
+        for c in std::mem::take(&mut self.incs[inc].inbox) {
+            let Comp::New(c) = c else {
+                unreachable!("one kind of completion per rule set")
+            };
+            lp.deliver(c);
+        }
+        let out = f(&mut lp, &mut Fx { w: self, inc });
+        let sent = lp.take_sent();
+        self.today_mut(inc).lp = Some(lp);
+        for r in sent {
+            self.send_request(inc, r);
+        }
+        self.settle_observed(inc);
+        out
+    }
+
+    /// The observer's runs that left their wait for the store before its end had their lock
+    /// checked (runs' `resume_awaiting`): they owe progress from now. One that left at its end
+    /// went on without a check, and owes nothing.
+    fn settle_observed(&mut self, inc: usize) {
+        let now = self.mono_of(inc);
+        let today = self.today(inc);
+        let left: Vec<(RunId, u8, u8, Instant)> = today
+            .awaiting
             .iter()
-            .find(|(_, r)| r.id == id && matches!(r.life, Life::Recording))
-            .map(|(k, _)| *k);
-        if let Some(k) = k {
-            let run = self.incs[inc].runs.remove(&k).expect("found above");
-            self.launch(inc, k, run);
+            .filter(|(run, _)| today.lp().awaiting_until(**run).is_none())
+            .map(|(run, (w, ws, d))| (*run, *w, *ws, *d))
+            .collect();
+        for (run, workdir, ws, deadline) in left {
+            self.today_mut(inc).awaiting.remove(&run);
+            if now < deadline {
+                self.owe(inc, workdir, ws);
+            }
         }
     }
 
-    /// launch.rs: launch (refused while the fence is up), then terraform starts.
-    fn launch(&mut self, inc: usize, k: u64, mut run: Run) {
-        let refused = match &self.incs[inc].book {
-            BookSide::New(b) => b.may_launch(run.id) != Launch::Yes,
-            BookSide::Old(_) => false,
-        };
-        if refused || self.incs[inc].stopping {
-            self.forget_record(inc, run.id);
-            return;
+    fn today(&self, inc: usize) -> &Today {
+        match &self.incs[inc].book {
+            BookSide::New(t) => t,
+            BookSide::Old(_) => unreachable!("today's loop runs today's book"),
         }
+    }
+
+    fn today_mut(&mut self, inc: usize) -> &mut Today {
+        match &mut self.incs[inc].book {
+            BookSide::New(t) => t,
+            BookSide::Old(_) => unreachable!("today's loop runs today's book"),
+        }
+    }
+
+    /// SIGTERM to the init: runs not started are refused, and so are new ones; terraform gets
+    /// SIGTERM; the init exits when they are gone (the kubelet kills it at the end of the grace
+    /// period).
+    pub fn stop_inc(&mut self, inc: usize) {
+        self.incs[inc].stopping = true;
+        match self.cfg.rules {
+            Rules::New => {
+                let now = self.mono_of(inc);
+                self.with_loop(inc, |lp, fx| lp.stop(fx, now));
+            }
+            Rules::Legacy => self.stop_legacy(inc),
+        }
+        let now = self.now;
+        self.at(now, Ev::Loop(inc, LoopEv::Wake));
+    }
+
+    /// terraform starts for run `run` of `inc` in `workdir`, workspace `ws`: its process.
+    pub fn start_terraform(&mut self, inc: usize, run: RunId, workdir: u8, ws: u8) -> usize {
         let p = self.procs.len();
         let work = match self.rng.below(10) {
             0..=5 => self.rng.range(100, self.cfg.ttl),
@@ -365,9 +311,9 @@ impl World {
         let stubborn = self.rng.chance(150);
         self.procs.push(Proc {
             inc,
-            run: run.id,
-            workdir: run.workdir,
-            key: (self.cfg.dirs[run.workdir as usize].state, run.ws),
+            run,
+            workdir,
+            key: (self.cfg.dirs[workdir as usize].state, ws),
             who: format!("@{}", self.incs[inc].host),
             state: PState::Starting,
             gen: 0,
@@ -381,29 +327,43 @@ impl World {
         let t = self.now + self.rng.range(20, 1500);
         self.at(t, Ev::Proc(p, 0));
         let key = self.incs[inc].key.clone();
-        self.log(|| {
-            format!(
-                "{key}: terraform {p} starts for run {} in /tf/w{}",
-                run.id, run.workdir
-            )
-        });
-        run.life = Life::Running { proc: p };
-        self.incs[inc].runs.insert(k, run);
+        self.log(|| format!("{key}: terraform {p} starts for run {run} in /tf/w{workdir}"));
+        p
     }
 
-    /// A run that never started is over: its record is removed.
-    pub fn forget_record(&mut self, inc: usize, id: RunId) {
-        let req = match &mut self.incs[inc].book {
-            BookSide::New(b) => b.exited(id, None, Vec::new()),
-            BookSide::Old(b) => b.exited(id, None),
-        };
-        if let Some(r) = req {
-            self.send_request(inc, r);
-        }
+    /// The recovery helper of run `run` of `inc` starts in `workdir`, given the live runs
+    /// `live`: its number.
+    pub fn start_helper(
+        &mut self,
+        inc: usize,
+        run: RunId,
+        workdir: u8,
+        live: Vec<LiveRun>,
+    ) -> usize {
+        let h = self.helpers.len();
+        let task = self.spawn(Spawn::Helper(h), None);
+        let i = &self.incs[inc];
+        self.helpers.push(Helper {
+            init: Some(inc),
+            node: i.node,
+            me: i.owner.clone(),
+            ttl: i.ttl,
+            tf: self.pods[i.pod].tf,
+            workdir: Some(workdir),
+            task,
+            alive: true,
+            live,
+            started: self.now,
+        });
+        self.stats.helpers += 1;
+        self.incs[inc].helpers.push(h);
+        let key = self.incs[inc].key.clone();
+        self.log(|| format!("{key}: helper {h} for run {run} in /tf/w{workdir}"));
+        h
     }
 
     /// records.rs: a request to the recorder (its channel), counted while it is a write.
-    fn send_request(&mut self, inc: usize, r: Work) {
+    pub fn send_request(&mut self, inc: usize, r: Work) {
         if matches!(
             r,
             Work::Create { .. } | Work::Progress { .. } | Work::End { .. } | Work::Remove { .. }
@@ -422,77 +382,19 @@ impl World {
         }
     }
 
-    /// SIGCHLD for terraform process `p` (launch/finish: the book hears how it ended).
-    fn on_reaped(&mut self, inc: usize, p: usize) {
-        let k = self.incs[inc]
-            .runs
-            .iter()
-            .find(|(_, r)| matches!(r.life, Life::Running { proc } if proc == p))
-            .map(|(k, _)| *k);
-        let Some(k) = k else {
-            return;
-        };
-        let run = self.incs[inc].runs.remove(&k).expect("found above");
-        let ended = self.procs[p].killed.then(|| Ended {
-            ms: self.wall(self.incs[inc].node),
-            how: "killed by SIGKILL".into(),
-        });
-        let req = match &mut self.incs[inc].book {
-            BookSide::New(b) => b.exited(run.id, ended, Vec::new()),
-            BookSide::Old(b) => b.exited(run.id, ended),
-        };
-        if let Some(r) = req {
-            self.send_request(inc, r);
-        }
-    }
-
-    /// launch.rs: on_recovery_exit.
-    fn on_helper_exit(&mut self, inc: usize, h: usize) {
-        let k = self.incs[inc]
-            .runs
-            .iter()
-            .find(|(_, r)| matches!(r.life, Life::Recovering { helper } if helper == h))
-            .map(|(k, _)| *k);
-        let Some(k) = k else {
-            return;
-        };
-        let run = self.incs[inc].runs.remove(&k).expect("found above");
-        let now = self.mono_of(inc);
-        let path = workdir_path(run.workdir);
-        let rescan = match &mut self.incs[inc].book {
-            BookSide::New(b) => b.recovery_done(&path, now),
-            BookSide::Old(b) => b.recovery_done(&path, now),
-        };
-        self.send_request(inc, rescan);
-        if self.incs[inc].stopping {
-            return;
-        }
-        self.record_step(inc, k, run, None);
-    }
-
-    /// The loop's next timer: the book's, and the waiting runs' deadlines.
+    /// The loop's next timer: the book's and the runs' (a run whose wait is blocked by a
+    /// recovery goes on when that recovery ends: the helper's exit wakes the loop, and
+    /// runs::next_wakeup leaves its deadline out; it once kept it there and woke every
+    /// millisecond until then: `spin_ms` counted that and stays 0).
     fn schedule_wake(&mut self, inc: usize) {
         if !self.incs[inc].alive {
             return;
         }
-        let book = match &self.incs[inc].book {
-            BookSide::New(b) => b.next_wakeup(),
-            BookSide::Old(b) => b.next_wakeup(),
+        let next = match self.cfg.rules {
+            Rules::New => self.today(inc).lp().next_wakeup(),
+            Rules::Legacy => self.next_wakeup_legacy(inc),
         };
-        // A run whose wait is blocked by a recovery goes on when that recovery ends (the
-        // helper's exit wakes the loop): the real loop leaves its deadline out of the epoll
-        // timeout (runs::next_wakeup), as here. (It once kept it there and woke every
-        // millisecond until then; `spin_ms` counted that and stays 0 now.)
-        let waits: Vec<Instant> = self.incs[inc]
-            .runs
-            .values()
-            .filter_map(|r| match r.life {
-                Life::Awaiting { .. } if self.recovering(inc) => None,
-                Life::Awaiting { deadline } => Some(deadline),
-                _ => None,
-            })
-            .collect();
-        let Some(next) = book.into_iter().chain(waits).min() else {
+        let Some(next) = next else {
             return;
         };
         let mut t = self.nodes[self.incs[inc].node].real_at(next);
@@ -513,18 +415,26 @@ impl World {
     /// record writes).
     fn maybe_exit(&mut self, inc: usize) {
         let i = &self.incs[inc];
-        if !i.stopping || !i.runs.is_empty() {
+        if !i.stopping || !self.no_runs(inc) {
             return;
         }
         let t = self.now + if i.writes == 0 { 50 } else { 1000 };
         self.at(
             t,
             Ev::Call(Box::new(move |w| {
-                if w.incs[inc].alive && w.incs[inc].runs.is_empty() {
+                if w.incs[inc].alive && w.no_runs(inc) {
                     w.kill_inc(inc, "the init exited");
                 }
             })),
         );
+    }
+
+    /// Whether incarnation `inc` has no run left.
+    fn no_runs(&self, inc: usize) -> bool {
+        match &self.incs[inc].book {
+            BookSide::New(t) => t.lp().is_empty(),
+            BookSide::Old(_) => self.incs[inc].runs.is_empty(),
+        }
     }
 
     // Progress.
@@ -533,9 +443,9 @@ impl World {
     /// working volume: every lock of that directory's state held by a dead run that a record in
     /// the directory names is owed; and when that lock is free, every record there of a dead run
     /// (its removal: a freed lock's record must not stay for good, issue 23 finding 4).
-    fn owe(&mut self, inc: usize, workdir: u8, ws: u8) {
+    pub fn owe(&mut self, inc: usize, workdir: u8, ws: u8) {
         let open = match &self.incs[inc].book {
-            BookSide::New(b) => b.state() == tfinit::locks::book::StoreState::Open,
+            BookSide::New(t) => t.state() == tfinit::locks::book::StoreState::Open,
             BookSide::Old(_) => false,
         };
         if !open {

@@ -6,12 +6,11 @@ use tfinit::locks::book::Book;
 use tfinit::locks::liveness::{Observer, LONGEST_TTL};
 use tfinit::locks::record::Owner;
 
+use super::init::Today;
 use super::legacy;
 use super::terraform::PState;
-use tfinit::locks::names::RunId;
 
-use super::booked::Booked;
-use super::world::{BookSide, Ev, Helper, Inc, Life, LockFile, LoopEv, Ms, Rules, Spawn, World};
+use super::world::{BookSide, Ev, Helper, Inc, LockFile, LoopEv, Ms, Rules, Spawn, World};
 
 /// Something the environment does.
 #[derive(Debug, Clone)]
@@ -95,15 +94,19 @@ impl World {
         let rt = std::time::Duration::from_millis(self.cfg.record_timeout);
         let host = self.pods[pod].host.clone();
         let book = match self.cfg.rules {
-            Rules::New => BookSide::New(Box::new(Booked::new(Book::new(
-                std::path::Path::new("/state"),
-                owner.clone(),
-                Observer::new(ttl, LONGEST_TTL),
+            Rules::New => BookSide::New(Box::new(Today::new(
+                Book::new(
+                    std::path::Path::new("/state"),
+                    owner.clone(),
+                    Observer::new(ttl, LONGEST_TTL),
+                    rt,
+                    true,
+                    host.clone(),
+                    now,
+                ),
+                ttl,
                 rt,
-                true,
-                host.clone(),
-                now,
-            )))),
+            ))),
             Rules::Legacy => BookSide::Old(Box::new(legacy::Book::new(
                 owner.clone(),
                 ttl,
@@ -321,34 +324,5 @@ impl World {
                 .map(|d| (pod + d) % n)
                 .find_map(|p| self.pods[p].inc.filter(|i| ok(*i)))
         })
-    }
-
-    /// SIGTERM to the init: runs not started are refused, terraform gets SIGTERM; the init
-    /// exits when they are gone (the kubelet kills it at the end of the grace period).
-    fn stop_inc(&mut self, inc: usize) {
-        self.incs[inc].stopping = true;
-        let waiting: Vec<(u64, RunId)> = self.incs[inc]
-            .runs
-            .iter()
-            .filter(|(_, r)| matches!(r.life, Life::Awaiting { .. } | Life::Recording))
-            .map(|(k, r)| (*k, r.id))
-            .collect();
-        for (k, id) in waiting {
-            self.incs[inc].runs.remove(&k);
-            self.forget_record(inc, id);
-        }
-        let procs: Vec<usize> = self.incs[inc]
-            .runs
-            .values()
-            .filter_map(|r| match r.life {
-                Life::Running { proc } => Some(proc),
-                _ => None,
-            })
-            .collect();
-        for p in procs {
-            self.sigterm(p);
-        }
-        let now = self.now;
-        self.at(now, Ev::Loop(inc, LoopEv::Wake));
     }
 }

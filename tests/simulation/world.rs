@@ -18,7 +18,6 @@ use tfinit::locks::record::{Heartbeat, Owner, Record};
 use tfinit::locks::record_id::RecordId;
 use tfinit::locks::recorder::Work;
 
-use super::booked::Booked;
 use super::check::{Obligation, Stats, Violation, CALM_OP_MAX};
 use super::legacy;
 use super::pods::EnvEv;
@@ -318,7 +317,8 @@ pub fn workspace_name(ws: u8) -> String {
     }
 }
 
-/// Where a state-locking run is, in its init.
+/// Where a state-locking run is, in its init (the old rules' model: today's runs are the real
+/// code's, `init.rs`).
 #[derive(Debug, Clone)]
 pub enum Life {
     /// Waits for the store (opening, a recovery here, our end-markings here) until `deadline`.
@@ -358,8 +358,8 @@ pub struct Run {
 /// The book of an init: the real one, or the old one.
 #[derive(Debug)]
 pub enum BookSide {
-    /// Today's `Book`, with its table of runs.
-    New(Box<Booked>),
+    /// Today's init: the real runs and records around today's `Book` (`init.rs`).
+    New(Box<super::init::Today>),
     /// The old book (`legacy.rs`).
     Old(Box<legacy::Book>),
 }
@@ -404,9 +404,9 @@ pub struct Inc {
     pub writes: usize,
     /// The recorder task.
     pub rec_task: TaskId,
-    /// Runs by key.
+    /// Runs by key (the old rules' model).
     pub runs: BTreeMap<u64, Run>,
-    /// Next run key.
+    /// Next run key (the old rules' model).
     pub next_run: u64,
     /// When the loop's next timer wake-up is scheduled.
     pub wake_at: Option<Ms>,

@@ -297,6 +297,16 @@ impl Runs {
         Some(&self.table.get(&id)?.job.workdir)
     }
 
+    /// Until when run `id` waits for the store before its lock check (`AwaitingRecords`), if it
+    /// does (the simulation's seam: a calm-phase request owes progress from its check).
+    #[cfg(feature = "mutation")]
+    pub(in crate::init) fn awaiting_until(&self, id: RunId) -> Option<Instant> {
+        match self.table.get(&id)?.life {
+            Life::AwaitingRecords { deadline, .. } => Some(deadline),
+            _ => None,
+        }
+    }
+
     /// Every run's id.
     fn ids(&self) -> Vec<RunId> {
         self.table.keys().copied().collect()
@@ -340,7 +350,7 @@ impl Runs {
     /// symbolic link to the recovered directory, or in one whose backend names the same key,
     /// would hold a lock the helper takes for the dead run's (issue 23; the simulation found it,
     /// docs/reliability.md).
-    fn recovering(&self) -> bool {
+    pub(in crate::init) fn recovering(&self) -> bool {
         self.table.values().any(|r| r.recovering())
     }
 }

@@ -64,7 +64,7 @@ impl Init {
                 Input::Run { request, stdin } => {
                     // The latest table first: the run's lock check is decided on it.
                     let now = Instant::now();
-                    self.take_news(now);
+                    self.take_news();
                     let phase = self.timeline.phase();
                     let book = self.records.book();
                     let acts = self.runs.request(id, request, stdin, phase, book, now);
@@ -162,7 +162,7 @@ impl Init {
     /// Answers `tfinit metrics` with the metrics text, as a scrape would read it now.
     fn reply_metrics(&mut self, id: ConnId) {
         let now = Instant::now();
-        self.take_news(now);
+        self.take_news();
         self.publish(now);
         let reply = Reply {
             v: protocol::VERSION,
@@ -180,7 +180,7 @@ impl Init {
     fn reply_status(&mut self, id: ConnId, error: Option<String>, cancelled: Vec<String>) {
         // The heartbeat's age as of the recorder's latest (quiet) news.
         let now = Instant::now();
-        self.take_news(now);
+        self.take_news();
         let view = self.records.book().view(now);
         let document = status::document(&self.timeline, &self.children, &view, &self.runs, now);
         let reply = Reply {

@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub fail_heartbeats: bool,
     /// Incarnations (keys) whose lock file is free: the kernel proves them gone.
     pub gone: Vec<String>,
+    /// Some: `lock_recovery` gives a right renewed until this instant (the Lease store's);
+    /// None: it fails (the recorder never asks for one).
+    pub recovery_fence: Option<Arc<Mutex<Instant>>>,
 }
 
 /// A storage test double: records in memory, every call logged, writes can be held or
@@ -167,7 +170,10 @@ impl Store for TestStore {
     }
     fn prune_heartbeats(&self, _records: &[Record], _me: &Owner, _older_than: Duration) {}
     fn lock_recovery(&self, _wait: Duration) -> io::Result<RecoveryLock> {
-        Err(io::Error::other("not used by the recorder"))
+        match self.with(|i| i.recovery_fence.clone()) {
+            Some(fence) => Ok(RecoveryLock::new(Box::new(()), Some(fence))),
+            None => Err(io::Error::other("not used by the recorder")),
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use super::*;
 use crate::locks::liveness::last_alive_ms;
 use crate::locks::lockinfo::LockInfo;
 use crate::locks::record::{Ended, FORMAT};
+use std::time::Instant;
 
 const T0: u64 = 1_800_000_000_000;
 
@@ -213,4 +214,148 @@ fn last_alive_comes_from_the_owners_own_stamps_or_its_end() {
         how: "killed by SIGKILL".into(),
     });
     assert_eq!(last_alive_ms(&Facts::of(&ended), Some(&hb), ttl), t0 + 900);
+}
+
+/// The recovery's effects for a unit test: a clock that each terraform run moves on by
+/// `terraform_takes`, a data directory of the s3 backend, and a terraform whose probe answers
+/// `probe` (every run is logged).
+struct FakeEffects {
+    now: std::cell::Cell<Instant>,
+    terraform_takes: Duration,
+    probe: &'static str,
+    runs: std::cell::RefCell<Vec<String>>,
+}
+
+impl Effects for FakeEffects {
+    fn now(&self) -> Instant {
+        self.now.get()
+    }
+    fn sleep(&self, d: Duration) {
+        self.now.set(self.now.get() + d);
+    }
+    fn instant_of(&self, _ns: u64) -> Option<Instant> {
+        None
+    }
+    fn now_ms(&self) -> u64 {
+        T0
+    }
+    fn canonical(&self, path: &Path) -> Option<PathBuf> {
+        Some(path.to_path_buf())
+    }
+    fn data_dir(&self, _data_dir: &Path) -> backend::DataDir {
+        backend::DataDir {
+            exists: true,
+            backend: Some("s3".into()),
+            config: Some(serde_json::json!({"bucket": "b", "key": "k"})),
+        }
+    }
+    fn state(
+        &self,
+        _workdir: &Path,
+        _data_dir: Option<&Path>,
+        _workspace: &str,
+    ) -> crate::locks::state::StateOf {
+        crate::locks::state::StateOf::Unsure("a unit test".into())
+    }
+    fn terraform(
+        &self,
+        _rec: &Record,
+        _data_dir: &Path,
+        args: &[&str],
+    ) -> Result<(bool, String), String> {
+        self.runs.borrow_mut().push(args.join(" "));
+        self.now.set(self.now.get() + self.terraform_takes);
+        if args.contains(&lockinfo::probe_id("s3")) {
+            Ok((false, self.probe.to_string()))
+        } else {
+            Ok((
+                true,
+                "Terraform state has been successfully unlocked!".into(),
+            ))
+        }
+    }
+}
+
+/// A dead run's record whose lock the probe finds held by it (terraform 1.0.3's s3 output:
+/// Who `root@vm`, created 2026-11-21T23:56:11.330Z), a recovery whose right to recover (the
+/// Lease store's recovery Lease) is renewed until 1 s after it starts, and a probe that takes
+/// `probe_takes`: what the recovery decided, and the terraform runs it made.
+fn recover_under_a_lapsing_right(probe_takes: Duration) -> (RecoveryOutcome, Vec<String>) {
+    let created = 1_795_305_371_330;
+    let mut dead = rec();
+    dead.who = "root@vm".into();
+    dead.started_ms = created - 1_000;
+    dead.owner.started_ms = created - 60_000;
+    dead.ended = Some(Ended {
+        ms: created + 5_000,
+        how: "killed by SIGKILL".into(),
+    });
+    let start = Instant::now();
+    let store = crate::locks::recorder::tests::TestStore::default();
+    store.with(|i| {
+        i.records.insert(RecordId::file("r1"), dead.clone());
+        i.recovery_fence = Some(std::sync::Arc::new(std::sync::Mutex::new(
+            start + Duration::from_secs(1),
+        )));
+    });
+    let mut me = dead.owner.clone();
+    me.name = "pod-b".into();
+    let recovery = Recovery {
+        store: Box::new(store),
+        me,
+        ttl: Duration::from_secs(30),
+        older_ttl: Duration::from_secs(30),
+        terraform: PathBuf::from("/nonexistent/terraform"),
+        dry_run: false,
+        live: Vec::new(),
+        automatic: false,
+        seen: Vec::new(),
+    };
+    let fx = FakeEffects {
+        now: std::cell::Cell::new(start),
+        terraform_takes: probe_takes,
+        probe: include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/terraform/lock/probe-held.stderr"
+        )),
+        runs: std::cell::RefCell::new(Vec::new()),
+    };
+    let mut out = recovery.run_with(&fx, None).expect("the recovery runs");
+    assert_eq!(out.len(), 1, "one record decided: {out:?}");
+    let (_, _, outcome) = out.remove(0);
+    let runs = fx.runs.into_inner();
+    (outcome, runs)
+}
+
+#[test]
+fn nothing_is_released_once_the_right_to_recover_may_have_lapsed() {
+    // A quick probe: the right is still held at the release, the dead run's lock is released.
+    let (outcome, runs) = recover_under_a_lapsing_right(Duration::from_millis(100));
+    assert!(
+        matches!(outcome, RecoveryOutcome::Unlocked(_)),
+        "{outcome:?}"
+    );
+    assert_eq!(runs.len(), 2, "the probe, then the force-unlock: {runs:?}");
+    // A probe slower than the right's renewal margin (renewals failing meanwhile): another pod
+    // may hold the right by now, so nothing is released and the next recovery decides again.
+    let (outcome, runs) = recover_under_a_lapsing_right(Duration::from_secs(2));
+    assert!(
+        matches!(&outcome, RecoveryOutcome::Unknown(why) if why.contains("not renewed in time")),
+        "{outcome:?}"
+    );
+    assert_eq!(runs.len(), 1, "only the probe ran: {runs:?}");
+}
+
+/// The mutation check for `Guard::RecoveryHeld` (the simulation no longer reaches this race
+/// since it drives the real launch: docs/reliability.md): turned off, the lapsed right
+/// releases the lock.
+#[test]
+fn mutant_recovery_held_releases_under_a_lapsed_right() {
+    let _off = crate::mutation::disable(crate::mutation::Guard::RecoveryHeld);
+    let (outcome, runs) = recover_under_a_lapsing_right(Duration::from_secs(2));
+    assert!(
+        matches!(outcome, RecoveryOutcome::Unlocked(_)),
+        "{outcome:?}"
+    );
+    assert_eq!(runs.len(), 2, "{runs:?}");
 }

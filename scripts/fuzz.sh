@@ -68,6 +68,14 @@ cargo "${TOOLCHAIN[@]}" fuzz --version >/dev/null 2>&1 ||
 # Release with debug assertions and overflow checks: an overflow is a finding, not a wrap.
 FUZZ=(cargo "${TOOLCHAIN[@]}" fuzz)
 BUILD_FLAGS=(-O --debug-assertions)
+# FUZZ_DEV=1 (the test suite's smoke run): the targets unoptimised, with debug assertions. The
+# optimised build (release, one codegen unit) was the last step the test command waited for; a
+# smoke run of 10 s replays each corpus either way. The long run keeps the optimised build.
+PROFILE_DIR=release
+if [ -n "${FUZZ_DEV:-}" ] && [ "$MODE" != long ]; then
+    BUILD_FLAGS=(--dev)
+    PROFILE_DIR=debug
+fi
 # Inputs up to 8 KiB (the largest seed is 4 KiB); 10 s for one input is a hang.
 LIBFUZZER_FLAGS=(-max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
 
@@ -78,7 +86,7 @@ if [ -z "${FUZZ_KEEP:-}" ]; then
 fi
 
 # The targets are built once and run directly: every target of a run tests the same build.
-BIN=fuzz/target/x86_64-unknown-linux-gnu/release
+BIN=fuzz/target/x86_64-unknown-linux-gnu/$PROFILE_DIR
 echo "fuzz: building the targets"
 if ! "${FUZZ[@]}" build "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
     tail -n 40 "$SCRATCH/build.log" >&2

@@ -17,7 +17,7 @@ step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - START)); }
 
 # Two pairs of steps overlap, each a waiting one beside a computing one (2 cores): the test
 # dependencies (downloads and installs) beside format, lint and the release build; the fuzz
-# targets' build, at the lowest priority, beside the integration tests (which mostly wait on
+# targets' build (unoptimised, at nice 10) beside the integration tests (which mostly wait on
 # processes). Each background job's output is printed, in order, once it is waited for.
 mkdir -p target
 # A failed step ends the script: its background jobs end with it.
@@ -43,7 +43,7 @@ fi
 
 fuzz=""
 if [ -x scripts/fuzz.sh ]; then
-    nice -n 19 scripts/fuzz.sh build >target/fuzz-build.log 2>&1 &
+    FUZZ_DEV=1 nice -n 10 scripts/fuzz.sh build >target/fuzz-build.log 2>&1 &
     fuzz=$!
 fi
 
@@ -75,7 +75,7 @@ if [ -n "$fuzz" ]; then
     fi
     # 10 s per target here (a smoke run of each parser on its corpus); `scripts/fuzz.sh long` is
     # the real search (10 minutes each).
-    FUZZ_SECONDS=${FUZZ_SECONDS:-10} FUZZ_JOBS=${FUZZ_JOBS:-2} nice -n 10 scripts/fuzz.sh
+    FUZZ_DEV=1 FUZZ_SECONDS=${FUZZ_SECONDS:-10} FUZZ_JOBS=${FUZZ_JOBS:-2} nice -n 10 scripts/fuzz.sh
 fi
 
 chaos_ok=0

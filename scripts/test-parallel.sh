@@ -73,7 +73,9 @@ run_group() {
     for name in "$@"; do
         [ -n "${exe[$name]:-}" ] || continue
         echo "== $name (at $(($(date +%s) - start)) s)" >>"$logs/$group.log"
-        "${exe[$name]}" --test-threads="$threads" >>"$logs/$group.log" 2>&1 || {
+        # Each binary's wall and CPU time (bash's `time`): what to balance the groups on.
+        local TIMEFORMAT="== $name took %0R s wall, %0U s user, %0S s sys"
+        { time "${exe[$name]}" --test-threads="$threads" >>"$logs/$group.log" 2>&1; } 2>>"$logs/$group.log" || {
             echo "== $name FAILED" >>"$logs/$group.log"
             failed=$((failed + 1))
         }

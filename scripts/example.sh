@@ -14,7 +14,7 @@ bin=$repo/target/x86_64-unknown-linux-gnu/release
 file -L "$bin/tfinit" | sed 's/^/   /'
 
 echo "== installing terraform 1.0.3 and the null provider (PyPI) into .test-deps/"
-TFINIT_SKIP_FUZZ=1 scripts/install-test-deps.sh >/dev/null
+scripts/install-test-deps.sh >/dev/null
 deps=${TFINIT_TEST_DEPS:-$repo/.test-deps}
 
 work=$(mktemp -d /tmp/tfinit-example.XXXXXX)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz tfinit's parsers with cargo fuzz (libFuzzer + AddressSanitizer, nightly toolchain).
+# Fuzz tfinit's parsers with libFuzzer + AddressSanitizer (cargo-fuzz's build, without cargo-fuzz).
 #
 #   scripts/fuzz.sh                    short run of every target (the test suite's step):
 #                                      FUZZ_SECONDS each, default 30
@@ -20,13 +20,15 @@
 # the run; the input is saved in fuzz/artifacts/T/ and the command to replay it is printed.
 # Each target ends with a line `fuzz: T: S s, N execs, corpus C inputs (B), crashes 0`.
 #
-# Needs cargo-fuzz (`cargo install cargo-fuzz --locked`) and a nightly toolchain (else the stable
-# one with RUSTC_BOOTSTRAP=1). Without cargo-fuzz it fails under CI or TFINIT_REQUIRE_DEPS, and
-# skips with one line otherwise.
+# Needs a nightly toolchain, else the stable one with RUSTC_BOOTSTRAP=1; not cargo-fuzz. The
+# targets are built with plain `cargo build` and the RUSTFLAGS that cargo-fuzz 0.13.2 passes for
+# `cargo fuzz build [--dev] -O --debug-assertions` (its src/project.rs), so a clean machine does
+# not compile cargo-fuzz (~50 s of CPU) before the test command can fuzz; `cargo fuzz run T` still
+# works on a machine that has it (fuzz/ is a cargo-fuzz project).
 #
 # The repository's .cargo/config.toml sets crt-static and relocation-model=static for the
-# explicit target; cargo fuzz passes its flags in RUSTFLAGS, which take precedence over
-# target.<triple>.rustflags, so the fuzz build is a normal dynamically linked, sanitized one.
+# explicit target; RUSTFLAGS take precedence over target.<triple>.rustflags, so the fuzz build
+# is a normal dynamically linked, sanitized one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,20 +64,35 @@ else
     export RUSTC_BOOTSTRAP=1
     echo "fuzz: no nightly toolchain; using the default one with RUSTC_BOOTSTRAP=1"
 fi
-cargo "${TOOLCHAIN[@]}" fuzz --version >/dev/null 2>&1 ||
-    missing "cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
+cargo "${TOOLCHAIN[@]}" --version >/dev/null 2>&1 || missing "cargo ${TOOLCHAIN[*]} does not run"
 
-# Release with debug assertions and overflow checks: an overflow is a finding, not a wrap.
-FUZZ=(cargo "${TOOLCHAIN[@]}" fuzz)
-BUILD_FLAGS=(-O --debug-assertions)
+# cargo-fuzz 0.13.2's RUSTFLAGS (address sanitizer, x86_64 Linux): SanitizerCoverage with inline
+# 8-bit counters, the PC table, compare tracing and stack depth, `--cfg fuzzing`, no branch
+# folding, debug assertions (an overflow is a finding, not a wrap).
+TRIPLE=x86_64-unknown-linux-gnu
+RUSTFLAGS_FUZZ="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing \
+-Cllvm-args=-simplifycfg-branch-fold-threshold=0 -Zsanitizer=address \
+-Cllvm-args=-sanitizer-coverage-stack-depth -Cdebug-assertions"
+# Release (one codegen unit, as cargo-fuzz forces: the sancov passes defeat ThinLTO's imports),
+# line tables only.
+BUILD_FLAGS=(--release --config 'profile.release.debug="line-tables-only"')
+RUSTFLAGS_FUZZ="$RUSTFLAGS_FUZZ -Ccodegen-units=1"
 # FUZZ_DEV=1 (the test suite's smoke run): the targets unoptimised, with debug assertions. The
 # optimised build (release, one codegen unit) was the last step the test command waited for; a
 # smoke run of 10 s replays each corpus either way. The long run keeps the optimised build.
 PROFILE_DIR=release
 if [ -n "${FUZZ_DEV:-}" ] && [ "$MODE" != long ]; then
-    BUILD_FLAGS=(--dev)
+    BUILD_FLAGS=()
+    RUSTFLAGS_FUZZ=${RUSTFLAGS_FUZZ% -Ccodegen-units=1}
     PROFILE_DIR=debug
 fi
+# The user's RUSTFLAGS come last, so that they win (as with cargo-fuzz).
+export RUSTFLAGS="$RUSTFLAGS_FUZZ${RUSTFLAGS:+ $RUSTFLAGS}"
+# AddressSanitizer: Rust's symbols are defined once per crate graph, not per ODR.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_odr_violation=0"
+FUZZ_BUILD=(cargo "${TOOLCHAIN[@]}" build --manifest-path fuzz/Cargo.toml --target "$TRIPLE" --bins)
 # Inputs up to 8 KiB (the largest seed is 4 KiB); 10 s for one input is a hang.
 LIBFUZZER_FLAGS=(-max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
 
@@ -86,9 +103,9 @@ if [ -z "${FUZZ_KEEP:-}" ]; then
 fi
 
 # The targets are built once and run directly: every target of a run tests the same build.
-BIN=fuzz/target/x86_64-unknown-linux-gnu/$PROFILE_DIR
+BIN=fuzz/target/$TRIPLE/$PROFILE_DIR
 echo "fuzz: building the targets"
-if ! "${FUZZ[@]}" build "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
+if ! "${FUZZ_BUILD[@]}" "${BUILD_FLAGS[@]}" >"$SCRATCH/build.log" 2>&1; then
     tail -n 40 "$SCRATCH/build.log" >&2
     echo "fuzz: FAILED: the fuzz targets do not build" >&2
     exit 1
@@ -137,7 +154,7 @@ run_target() {
         grep -E 'panicked|ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY' "$log" | head -n 5 || true
         tail -n 30 "$log"
         if [ -n "$artifact" ]; then
-            echo "fuzz: $t: input saved as $artifact; replay: $BIN/$t $artifact (or cargo +nightly fuzz run ${BUILD_FLAGS[*]} $t $artifact)"
+            echo "fuzz: $t: input saved as $artifact; replay: $BIN/$t $artifact (or, with cargo-fuzz: cargo +nightly fuzz run $t $artifact)"
         fi
     } >"$SCRATCH/$t.result"
     return 1
@@ -193,7 +210,7 @@ if [ "$MODE" = long ] && [ "$failed" = 0 ]; then
     ROWS=$(printf '%s' "$ROWS" | grep -v '^$' |
         awk -F' [|] ' '{ o = index("decoder record lockinfo follower", substr($1, 3)); print o "\t" $0 }' |
         sort -n | cut -f2-)
-    BLOCK="\`scripts/fuzz.sh long\` (last run $(date -u +%Y-%m-%d), $(cargo "${TOOLCHAIN[@]}" fuzz --version), \
+    BLOCK="\`scripts/fuzz.sh long\` (last run $(date -u +%Y-%m-%d), cargo-fuzz 0.13.2's flags, \
 $(rustc "${TOOLCHAIN[@]}" --version | cut -d' ' -f1-2), libFuzzer + AddressSanitizer, release with debug
 assertions, one target at a time on a 2-core machine shared with other builds):
 

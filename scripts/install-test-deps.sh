@@ -191,18 +191,6 @@ step "fusepy + libfuse2"
 "$DEPS/bin/python" -c 'import fuse' 2>/dev/null || die "venv python cannot import fuse (fusepy needs libfuse2)"
 if [ -e /dev/fuse ]; then ok "importable"; else ok "importable (no /dev/fuse here: tests/storage.rs will skip)"; fi
 
-# ---- 7. cargo-fuzz (scripts/fuzz.sh) ----------------------------------------
-step "cargo-fuzz"
-if [ -n "${TFINIT_SKIP_FUZZ:-}" ]; then
-    ok "skipped (TFINIT_SKIP_FUZZ)"
-elif cargo fuzz --version >/dev/null 2>&1; then
-    ok "present ($(cargo fuzz --version 2>/dev/null))"
-else
-    # Built from crates.io (a few minutes, once per machine).
-    run_logged cargo install cargo-fuzz --version 0.13.2 --locked --quiet || die "cargo install cargo-fuzz failed"
-    ok "installed ($(cargo fuzz --version 2>/dev/null))"
-fi
-
 # ---- summary ---------------------------------------------------------------
 STEP="summary"
 cat <<EOF

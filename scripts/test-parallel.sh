@@ -5,12 +5,15 @@
 # in order once every job has ended. Groups share nothing a test can see (each test has its own
 # temp dir, PID namespace, run dir, moto port and Docker names); what must not overlap stays in
 # one group: the heavy process/pid bursts (load, bad_input_peers, pid1_reaping, shim_bytes,
-# hostile_clients) run one after the other in `heavy`, the Docker tests in `pods`. Most tests wait on processes, not on
-# the CPU, which is why 5 groups (one of them the simulation, which computes) fit on 2 cores. A test binary no group names goes to `rest`, so a
-# new file is never left out. `kube_client` (tfinit's API client against the HTTPS stand-in, ~7 s,
-# mostly waiting on deadlines and Retry-After) is named in `rest`: its timing bounds want a group
-# without the heavy bursts. `kubernetes_leases` (the Lease store on terraform's kubernetes backend,
-# pods with no volume: ~45 s on 2 threads, mostly waiting on TTLs) runs in `heavy` after the bursts.
+# hostile_clients) run one after the other in `heavy`, the Docker tests in `pods`. Most tests
+# wait on processes, not on the CPU, which is why 5 groups (one of them the simulation, which
+# computes) fit on 2 cores; the CPU is still busy all through (vmstat: 0 % idle), so the groups
+# are balanced to end together. A test binary no group names goes to `rest`, so a new file is
+# never left out. `kube_client` (tfinit's API client against the HTTPS stand-in, ~16 s, mostly
+# waiting on deadlines and Retry-After) runs first in `rest`: its timing bounds want a group
+# without the heavy bursts. `kubernetes_leases` (the Lease store on terraform's kubernetes
+# backend, pods with no volume: ~50 s, mostly waiting on TTLs) runs last in `rest`, after the
+# bursts of `heavy`.
 #
 # Usage: scripts/test-parallel.sh          (scripts/test.sh runs it; TFINIT_TEST_THREADS: threads
 #                                           per binary, default 2; TFINIT_TEST_ONLY="a b": only
@@ -45,24 +48,26 @@ while IFS=$'\t' read -r name path; do
     case " ${TFINIT_TEST_ONLY:-$name} " in *" $name "*) exe[$name]=$path ;; esac
 done <"$logs/binaries.tsv"
 
-# Balanced on a CI-like run of 2026-11-29 (seconds per binary at load 5 to 9: pods 331 s in all,
-# heavy 167, terraform 165, rest 219 with the simulation's 131): the two terraform-backend tests
-# on the API stand-in (kubernetes 45 s, kubernetes_leases 44 s) moved out of `pods`, after the
-# bursts in `heavy` and into `terraform`.
-heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival hostile_clients kubernetes_leases"
-pods="locks_recovery locks_never locks_state records container_shutdown container_recovery container_images"
-terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples lock_probe kubernetes"
-# The simulation (100,000 schedules and the mutation check, ~130 s of CPU on a loaded CI machine,
-# more since it drives the real recovery procedure) is the one binary that computes rather than
-# waits: a group of its own, started with the others, so it is never the tail of `rest`.
+# Balanced on the binaries' own times (each log says what each took, wall and CPU) in a CI-like
+# run of 2026-11-29 (pods 239 s, heavy 215, terraform 213, sim 194, rest 91): locks_never (43 s)
+# moved from `pods` to `rest`, kubernetes_leases (52 s) from `heavy` to the end of `rest`, and
+# lock_probe (21 s) from `terraform` to the end of `heavy`; each group then sums to 184-196 s.
+heavy="load bad_input_peers pid1_reaping shim_bytes shim_survival hostile_clients lock_probe"
+pods="locks_recovery locks_state records container_shutdown container_recovery container_images"
+terraform="shutdown drain max_runs cancel storage delayfs shim_signals shim_status shim_protocol examples kubernetes"
+# The simulation (100,000 schedules and the mutation check, ~100 s of CPU on a loaded CI machine)
+# is the one binary that computes rather than waits: a group of its own, started with the
+# others, so it is never the tail of `rest`.
 sim="simulation"
-rest="kube_client"
+rest="kube_client locks_never"
+rest_tail="kubernetes_leases"
 for name in $(printf '%s\n' "${!exe[@]}" | sort); do
-    case " $heavy $pods $terraform $sim $rest " in
+    case " $heavy $pods $terraform $sim $rest $rest_tail " in
     *" $name "*) ;;
     *) rest="$rest $name" ;;
     esac
 done
+rest="$rest $rest_tail"
 
 start=$(date +%s)
 # Runs the binaries named in $2.. one after the other into target/test-logs/$1.log; its exit

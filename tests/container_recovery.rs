@@ -31,8 +31,12 @@ fn a_container_killed_mid_apply_leaves_a_lock_that_the_next_container_on_the_sam
         return;
     }
     let ws = Workspace::new("recover");
-    // A dead owner is one whose heartbeat is older than the TTL.
-    let ttl = ("TFINIT_OWNER_TTL", "3s");
+    // A dead owner is one whose heartbeat is older than the TTL. 6 s, not less: the first
+    // container must keep its lock until it is killed, and an owner whose heartbeat has not landed
+    // for 2/3 of the TTL stops its runs (the fence). With 3 s, a CI-like run at load 5-14 saw the
+    // state volume's heartbeat not land for 2 s (fsync behind the builds' writes), the fence
+    // stopped the apply and its lock was released before the kill.
+    let ttl = ("TFINIT_OWNER_TTL", "6s");
     let first_host = "tfinit-test-pod-old";
     let first = start_apply(
         &ws,
@@ -73,7 +77,7 @@ fn a_container_killed_mid_apply_leaves_a_lock_that_the_next_container_on_the_sam
     let t0 = Instant::now();
     second.wait_log("provider: reconciled", Duration::from_secs(120));
     eprintln!(
-        "measured: the replacement container reconciled {:?} after it started (TFINIT_OWNER_TTL=3s)",
+        "measured: the replacement container reconciled {:?} after it started (TFINIT_OWNER_TTL=6s)",
         t0.elapsed()
     );
 

@@ -75,18 +75,18 @@ RUSTFLAGS_FUZZ="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing \
 -Cllvm-args=-simplifycfg-branch-fold-threshold=0 -Zsanitizer=address \
 -Cllvm-args=-sanitizer-coverage-stack-depth -Cdebug-assertions"
-# Release (one codegen unit, as cargo-fuzz forces: the sancov passes defeat ThinLTO's imports),
-# line tables only.
-BUILD_FLAGS=(--release --config 'profile.release.debug="line-tables-only"')
-RUSTFLAGS_FUZZ="$RUSTFLAGS_FUZZ -Ccodegen-units=1"
 # FUZZ_DEV=1 (the test suite's smoke run): the targets unoptimised, with debug assertions. The
 # optimised build (release, one codegen unit) was the last step the test command waited for; a
-# smoke run of 10 s replays each corpus either way. The long run keeps the optimised build.
-PROFILE_DIR=release
+# smoke run of 10 s replays each corpus either way. The long run keeps the optimised build:
+# release, line tables only, one codegen unit (as cargo-fuzz forces: the sancov passes defeat
+# ThinLTO's imports).
 if [ -n "${FUZZ_DEV:-}" ] && [ "$MODE" != long ]; then
     BUILD_FLAGS=()
-    RUSTFLAGS_FUZZ=${RUSTFLAGS_FUZZ% -Ccodegen-units=1}
     PROFILE_DIR=debug
+else
+    BUILD_FLAGS=(--release --config 'profile.release.debug="line-tables-only"')
+    RUSTFLAGS_FUZZ="$RUSTFLAGS_FUZZ -Ccodegen-units=1"
+    PROFILE_DIR=release
 fi
 # The user's RUSTFLAGS come last, so that they win (as with cargo-fuzz).
 export RUSTFLAGS="$RUSTFLAGS_FUZZ${RUSTFLAGS:+ $RUSTFLAGS}"

@@ -12,8 +12,8 @@
 # never left out. `kube_client` (tfinit's API client against the HTTPS stand-in, ~16 s, mostly
 # waiting on deadlines and Retry-After) runs first in `rest`: its timing bounds want a group
 # without the heavy bursts. `kubernetes_leases` (the Lease store on terraform's kubernetes
-# backend, pods with no volume: ~50 s, mostly waiting on TTLs) runs last in `rest`, after the
-# bursts of `heavy`.
+# backend, pods with no volume: ~50 s, mostly waiting on TTLs) runs last in `rest`, once the
+# bursts of `heavy` but hostile_clients are over (it starts at ~140 s, beside hostile_clients).
 #
 # Usage: scripts/test-parallel.sh          (scripts/test.sh runs it; TFINIT_TEST_THREADS: threads
 #                                           per binary, default 2; TFINIT_TEST_ONLY="a b": only

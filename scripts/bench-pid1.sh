@@ -6,7 +6,9 @@
 #   - reaping: 20,000 orphans at once, from the spawner's exit until none is left;
 #   - the init's memory while it supervises an idle child (VmRSS and Pss);
 #   - start-to-exec (the init's clone until its child's main) and a whole `INIT -- /bin/true`;
-#   - exit time: the child's last instruction until the init has been reaped;
+#   - exit time: the child's last instruction until the init has been reaped, and the floor of it
+#     that tfinit's size sets (a do-nothing init holding tfinit's binary mapped and its anonymous
+#     memory, scripts/bench/mapinit.c);
 #   - binary size, and whether it is static.
 #
 #   scripts/bench-pid1.sh [--write] [TRIALS]   # default 200 trials, 15 bursts (BENCH_REAP_TRIALS); root
@@ -71,6 +73,9 @@ unset TFINIT_LOG TFINIT_LOG_FORMAT TFINIT_FORWARD TFINIT_REWRITE TFINIT_GRACE_PE
 
 bench_cc pid1bench.c "$WORK/pid1bench"
 B=$WORK/pid1bench
+# The exit floor tfinit's size sets (scripts/bench/mapinit.c): static, as tfinit and the peers
+# that set the best exit times are.
+bench_cc mapinit.c "$WORK/mapinit" -static
 
 # The tfinit binaries measured are copies, written with one write(2) as an image layer's files
 # are, not the linker's output: lld writes its output through a shared mapping, which leaves the
@@ -88,7 +93,10 @@ TFINIT_BIN=$(copy_bin "$TFINIT_BIN" bin)
 
 INITS=("tfinit=$TFINIT_BIN --" "tini=$TINI --" "dumb-init=$DUMB_INIT" "catatonit=$CATATONIT --")
 BASE_BIN=${TFINIT_BASE_BIN:+$(copy_bin "$(readlink -f "$TFINIT_BASE_BIN")" base)}
-[ -n "$BASE_BIN" ] && INITS=("${INITS[0]}" "tfinit-base=$BASE_BIN --" "${INITS[@]:1}")
+# The base keeps its own state directory: a tfinit prunes the heartbeats of the incarnations the
+# kernel proves gone, whichever build left them, and each trial's init is one.
+mkdir -p "$WORK/state-base"
+[ -n "$BASE_BIN" ] && INITS=("${INITS[0]}" "tfinit-base=TFINIT_STATE_DIR=$WORK/state-base $BASE_BIN --" "${INITS[@]:1}")
 NAMES=(tfinit tini dumb-init catatonit)
 
 PREFIX=() # what runs the driver (taskset, for the CPU measure)
@@ -97,6 +105,13 @@ run() { # run WHAT ARGS... : prints and keeps the driver's lines in $WORK/WHAT
     shift
     echo "bench-pid1: $what $*" | sed "s|$WORK/||g" >&2
     "${PREFIX[@]}" "$B" "$what" "$@" | tee "$WORK/$what" >&2
+}
+# get WHAT NAME FIELD: the value after FIELD on NAME's line of WHAT (FIELD may repeat: p50 of the
+# second measure is `get lifecycle tfinit exit_us p50`).
+get() {
+    awk -v n="$2" -v k1="$3" -v k2="${4:-}" '
+        $1 == n { for (i = 2; i < NF; i++) if ($i == k1) { if (k2 == "") { print $(i+1); exit }
+                  for (j = i + 1; j < NF; j++) if ($j == k2) { print $(j+1); exit } } }' "$WORK/$1"
 }
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 run latency "$TRIALS" "${INITS[@]}" "none="
@@ -108,18 +123,17 @@ command -v taskset >/dev/null || PIN=()
 PREFIX=("${PIN[@]}")
 run cpu "$CPU_TRIALS" "$CPU_SIGNALS" "${INITS[@]}"
 PREFIX=()
-run lifecycle "$TRIALS" "${INITS[@]}" "none="
-run true "$TRIALS" "${INITS[@]}" "none="
 run rss "$RSS_TRIALS" "${INITS[@]}"
+# `floor`: a do-nothing init holding what tfinit holds when idle, as much of its binary mapped
+# (RssFile: large folios map the text whole) and as much anonymous memory (RssAnon): the part of
+# tfinit's exit its size sets.
+ANON_KIB=$(get rss tfinit anon_kib median)
+FILE_KIB=$(get rss tfinit file_kib median)
+FLOOR="floor=MAPFILE=$TFINIT_BIN FILE_KIB=$FILE_KIB ANON_KIB=$ANON_KIB $WORK/mapinit"
+run lifecycle "$TRIALS" "${INITS[@]}" "$FLOOR" "none="
+run true "$TRIALS" "${INITS[@]}" "none="
 run reap "$REAP_TRIALS" "$ORPHANS" "${INITS[@]}"
 
-# get WHAT NAME FIELD: the value after FIELD on NAME's line of WHAT (FIELD may repeat: p50 of the
-# second measure is `get lifecycle tfinit exit_us p50`).
-get() {
-    awk -v n="$2" -v k1="$3" -v k2="${4:-}" '
-        $1 == n { for (i = 2; i < NF; i++) if ($i == k1) { if (k2 == "") { print $(i+1); exit }
-                  for (j = i + 1; j < NF; j++) if ($j == k2) { print $(j+1); exit } } }' "$WORK/$1"
-}
 failures=$(awk '{ for (i = 2; i < NF; i++) if ($i == "failed" && $(i+1) != 0) print FILENAME ": " $0 }' \
     "$WORK"/latency "$WORK"/cpu "$WORK"/lifecycle "$WORK"/true "$WORK"/rss "$WORK"/reap | sed "s|$WORK/||")
 if [ -n "$failures" ]; then
@@ -215,6 +229,10 @@ section="$WORK/section.md"
     echo "  - CPU per forwarded signal (SIGUSR1): $(verdict "$(get cpu tfinit cpu_us median)" "$(best cpu cpu_us median)" µs 1.5)"
     echo "  - CPU for the stop signal (SIGTERM): $(verdict "$(get cpu tfinit term_cpu_us median)" "$(best cpu term_cpu_us median)" µs 1.5)"
     echo "  - exit time p50: $(verdict "$(get lifecycle tfinit exit_us p50)" "$(best lifecycle exit_us p50)" µs 1.5)"
+    floor=$(get lifecycle floor exit_us p50)
+    echo "  - the floor of that exit: a do-nothing init holding $FILE_KIB KiB of tfinit's binary mapped and"
+    echo "    $ANON_KIB KiB of anonymous memory, as tfinit does when idle (scripts/bench/mapinit.c), exits in $floor µs, $(awk -v f="$floor" -v b="$(best lifecycle exit_us p50)" 'BEGIN { printf "%.2fx", f / b }') of the best peer;"
+    echo "    tfinit's own work on top: $(awk -v t="$(get lifecycle tfinit exit_us p50)" -v f="$floor" 'BEGIN { printf "%.1f", t - f }') µs"
 } >"$section"
 cat "$section"
 

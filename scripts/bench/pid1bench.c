@@ -10,11 +10,14 @@
 //                                   instruction -> init reaped (child exit to init exit), the
 //                                   child exiting once the init is idle (its CPU time still)
 //   pid1bench true N      SPEC...   clone -> `INIT /bin/true` reaped (a whole run)
-//   pid1bench rss N       SPEC...   VmRSS and Pss of the init supervising an idle child
+//   pid1bench rss N       SPEC...   VmRSS, Pss, RssAnon and RssFile of the init supervising an
+//                                   idle child
 //   pid1bench reap N K    SPEC...   K orphans at once: from the spawner's exit until none is left
 //
 // SPEC is NAME=ARGV, the init's argv up to where the child's goes, split on spaces
-// (`tini=/usr/bin/tini-static --`); `none=` runs the child as PID 1 itself (the baseline).
+// (`tini=/usr/bin/tini-static --`), after optional VAR=VALUE words set in the init's environment
+// only (`base=TFINIT_STATE_DIR=/tmp/b /tmp/tfinit --`); `none=` runs the child as PID 1 itself
+// (the baseline).
 // Trials are interleaved over the SPECs in a rotating order, so load from elsewhere spreads over
 // every init. Prints one line per SPEC: NAME metric values (microseconds, KiB, milliseconds).
 // Built by scripts/bench-pid1.sh and scripts/trace-pid1.sh (bench_cc in scripts/bench-lib.sh).
@@ -165,6 +168,8 @@ static struct run start(char **argv, int proc, int p[2]) {
         dup2(null, 0);
         dup2(null, 1);
         if (!getenv("BENCH_SHOW_STDERR")) dup2(null, 2);
+        // Leading VAR=VALUE words of a SPEC are the init's own environment.
+        while (argv[0] && argv[0][0] != '/' && strchr(argv[0], '=')) putenv(*argv++);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -327,7 +332,7 @@ struct init {
     const char *name;
     char *argv[16];
     int n;
-    int64_t *a, *b;
+    int64_t *a, *b, *c, *d;
     int ok, bad;
 };
 
@@ -417,6 +422,8 @@ static void trial(const char *what, struct init *in, const char *self, const cha
             sleep_ms(200);
             in->a[i] = status_kib(r.pid, "status", "VmRSS");
             in->b[i] = status_kib(r.pid, "smaps_rollup", "Pss");
+            in->c[i] = status_kib(r.pid, "status", "RssAnon");
+            in->d[i] = status_kib(r.pid, "status", "RssFile");
         }
         kill(r.pid, SIGKILL);
         reap(r.pid, NULL);
@@ -465,6 +472,8 @@ int main(int argc, char **argv) {
             inits[j].argv[inits[j].n++] = w;
         inits[j].a = calloc(n, sizeof(int64_t));
         inits[j].b = calloc(n, sizeof(int64_t));
+        inits[j].c = calloc(n, sizeof(int64_t));
+        inits[j].d = calloc(n, sizeof(int64_t));
     }
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -495,8 +504,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(what, "true"))
             printf("true_us p50 %.1f n %d failed %d\n", pct(in->a, ok, 50) / 1e3, ok, in->bad);
         else if (!strcmp(what, "rss"))
-            printf("rss_kib median %lld pss_kib median %lld n %d failed %d\n",
-                   (long long)pct(in->a, ok, 50), (long long)pct(in->b, ok, 50), ok, in->bad);
+            printf("rss_kib median %lld pss_kib median %lld anon_kib median %lld file_kib median "
+                   "%lld n %d failed %d\n",
+                   (long long)pct(in->a, ok, 50), (long long)pct(in->b, ok, 50),
+                   (long long)pct(in->c, ok, 50), (long long)pct(in->d, ok, 50), ok, in->bad);
         else
             printf("reap_ms median %.1f max %.1f spawn_ms median %.1f n %d failed %d\n",
                    pct(in->a, ok, 50) / 1e6, pct(in->a, ok, 100) / 1e6, pct(in->b, ok, 50) / 1e6,

@@ -171,7 +171,7 @@ impl Store for SimStore {
         unreachable!("a recovery writes no heartbeat")
     }
 
-    fn prune_heartbeats(&self, _: &[Record], _: &Owner, _: Duration) {
+    fn prune_heartbeats(&self, _: &[Record], _: &Owner, _: Duration, _: bool) {
         unreachable!("a recovery prunes no heartbeat")
     }
 

@@ -168,7 +168,7 @@ impl Store for TestStore {
     fn incarnation_gone(&self, owner: &Owner, _file: FileId) -> Option<bool> {
         self.with(|i| i.gone.contains(&owner.key()).then_some(true))
     }
-    fn prune_heartbeats(&self, _records: &[Record], _me: &Owner, _older_than: Duration) {}
+    fn prune_heartbeats(&self, _: &[Record], _: &Owner, _: Duration, _: bool) {}
     fn lock_recovery(&self, _wait: Duration) -> io::Result<RecoveryLock> {
         match self.with(|i| i.recovery_fence.clone()) {
             Some(fence) => Ok(RecoveryLock::new(Box::new(()), Some(fence))),

@@ -435,8 +435,7 @@ fn perform(store: &dyn Store, me: &Owner, op: Op) -> Outcome {
         }
         Op::WriteHeartbeat(hb) => Outcome::Wrote(store.write_heartbeat(&hb)),
         Op::Tidy { older_than } => {
-            let records: Vec<_> = store.sweep().into_iter().map(|(_, r)| r).collect();
-            store.prune_heartbeats(&records, me, older_than);
+            store.tidy(me, older_than);
             Outcome::Tidied
         }
         Op::List => {

@@ -333,15 +333,21 @@ impl Store for Chosen {
         })
     }
 
-    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration) {
+    fn prune_heartbeats(
+        &self,
+        records: &[Record],
+        me: &Owner,
+        older_than: Duration,
+        listed_all: bool,
+    ) {
         self.with(|t| match t {
             Target::Kube(k, f) => {
-                k.prune_heartbeats(records, me, older_than);
+                k.prune_heartbeats(records, me, older_than, listed_all);
                 if let Some(f) = f {
-                    f.prune_heartbeats(records, me, older_than);
+                    f.prune_heartbeats(records, me, older_than, listed_all);
                 }
             }
-            Target::File(f) => f.prune_heartbeats(records, me, older_than),
+            Target::File(f) => f.prune_heartbeats(records, me, older_than, listed_all),
             Target::None(_) | Target::Unanswered(_) => {}
         })
     }

@@ -280,7 +280,13 @@ impl Store for FileStore {
         )
     }
 
-    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration) {
+    fn prune_heartbeats(
+        &self,
+        records: &[Record],
+        me: &Owner,
+        older_than: Duration,
+        listed_all: bool,
+    ) {
         let Ok(rd) = fs::read_dir(self.owners_dir()) else {
             return;
         };
@@ -297,8 +303,13 @@ impl Store for FileStore {
             };
             if hb.owner.same_incarnation(me)
                 || records.iter().any(|r| r.owner.same_incarnation(&hb.owner))
-                || age(hb.updated_ms) <= older_than
             {
+                continue;
+            }
+            // A restarted container's predecessors go at once, proven gone by their lock files;
+            // the rest (other nodes, network volumes, older formats) after `older_than`.
+            let gone = || listed_all && self.kernel_proof(me, &hb.owner, Some(&hb)) == Some(true);
+            if age(hb.updated_ms) <= older_than && !gone() {
                 continue;
             }
             // The lock file goes first, and only when no process holds it (cleaning: whatever
@@ -490,7 +501,7 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn beat(owner: &Owner, seq: u64, updated_ms: u64) -> Heartbeat {
+    pub(super) fn beat(owner: &Owner, seq: u64, updated_ms: u64) -> Heartbeat {
         Heartbeat {
             v: HEARTBEAT_FORMAT,
             owner: owner.clone(),
@@ -535,7 +546,7 @@ mod tests {
         let fresh = Owner::current("fresh", None);
         store.write_heartbeat(&beat(&fresh, 1, now_ms())).unwrap();
         let r = sample(&with_record);
-        store.prune_heartbeats(&[r], &me, Duration::from_secs(60));
+        store.prune_heartbeats(&[r], &me, Duration::from_secs(60), true);
         assert!(store.read_heartbeat(&gone).unwrap().is_none());
         for kept in [&with_record, &me, &fresh] {
             assert!(store.read_heartbeat(kept).unwrap().is_some(), "{kept:?}");
@@ -587,125 +598,10 @@ mod tests {
         assert!(store.read_heartbeat(&bad_name).unwrap().is_none());
         fs::remove_dir_all(&dir).unwrap();
     }
-
-    /// Runs `flock(1)` holding `lock` around `script` (whose background children inherit it).
-    fn flock_holder(lock: &Path, script: &str) -> std::process::Child {
-        std::process::Command::new("flock")
-            .arg("-x")
-            .arg(lock)
-            .args(["sh", "-c", script])
-            .spawn()
-            .expect("flock(1) from util-linux")
-    }
-
-    fn wait_until(what: &str, f: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    #[test]
-    fn the_kernel_proves_an_incarnation_gone_only_when_its_last_process_is() {
-        // The proof holds on a local filesystem only: /dev/shm (tmpfs) is one wherever TMPDIR is.
-        let dir = Path::new("/dev/shm").join(format!("tfinit-gone-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let store = FileStore::new(&dir);
-        store.prepare().unwrap();
-        assert!(local_filesystem(&fs::File::open(&dir).unwrap()));
-        let a = Owner::current("pod-a", None);
-        let nowhere = FileId { dev: 0, ino: 0 };
-        assert_eq!(
-            store.incarnation_gone(&a, nowhere),
-            None,
-            "no lock file: nothing proven"
-        );
-        let lock = store.lock_path(&a);
-        fs::write(&lock, b"").unwrap();
-        let id = FileId::of(&fs::File::open(&lock).unwrap()).unwrap();
-        // The holder exits at once, but a background child it started inherits the lock and
-        // lives on: like an init that died while one of its terraform runs had not.
-        let marker = dir.join("child-done");
-        let mut holder = flock_holder(
-            &lock,
-            &format!("(sleep 1; touch {}) & exit 0", marker.display()),
-        );
-        holder.wait().unwrap();
-        assert_eq!(
-            store.incarnation_gone(&a, id),
-            Some(false),
-            "its child holds it"
-        );
-        wait_until("the child to finish", || marker.exists());
-        wait_until("the flock to be free", || {
-            store.incarnation_gone(&a, id) == Some(true)
-        });
-        // Our own lock: held for the life of this process.
-        let me = Owner {
-            started_ms: a.started_ms + 1,
-            ..a.clone()
-        };
-        let (_fd, mine) = store
-            .hold_incarnation_lock(&me)
-            .unwrap()
-            .expect("a local filesystem");
-        assert_eq!(store.incarnation_gone(&me, mine), Some(false));
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_free_lock_file_that_replaced_the_owners_proves_nothing() {
-        let dir = Path::new("/dev/shm").join(format!("tfinit-replaced-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let store = FileStore::new(&dir);
-        store.prepare().unwrap();
-        let me = Owner::current("pod-a", None);
-        let (_held, id) = store.hold_incarnation_lock(&me).unwrap().unwrap();
-        let hb = Heartbeat {
-            v: HEARTBEAT_FORMAT,
-            owner: me.clone(),
-            seq: 1,
-            updated_ms: now_ms(),
-            holds_lock: true,
-            host: "pod-a".into(),
-            ttl_ms: Some(30_000),
-            lock_file: Some(id),
-        };
-        let observer = Owner {
-            started_ms: me.started_ms + 1,
-            ..me.clone()
-        };
-        assert_eq!(store.kernel_proof(&observer, &me, Some(&hb)), Some(false));
-        // owners/ restored from a backup: a new file (new inode) at the lock's path, which no
-        // process holds, while the owner still holds the old one.
-        let path = store.lock_path(&me);
-        let restored = dir.join("owners").join("restored");
-        fs::write(&restored, b"").unwrap();
-        fs::rename(&restored, &path).unwrap();
-        assert_eq!(flock_free(&path), Some(true), "the new file is free");
-        assert_eq!(
-            store.kernel_proof(&observer, &me, Some(&hb)),
-            None,
-            "another file proves nothing"
-        );
-        // A heartbeat that names no file (an older tfinit) proves nothing either.
-        let older = Heartbeat {
-            lock_file: None,
-            ..hb.clone()
-        };
-        assert_eq!(store.kernel_proof(&observer, &me, Some(&older)), None);
-        // Another boot: nothing.
-        let elsewhere = Owner {
-            boot_id: "other-boot".into(),
-            ..observer.clone()
-        };
-        assert_eq!(store.kernel_proof(&elsewhere, &me, Some(&hb)), None);
-        fs::remove_dir_all(&dir).unwrap();
-    }
 }
+
+#[cfg(test)]
+mod kernel_tests;
 
 #[cfg(test)]
 mod temp_file_tests {

@@ -168,8 +168,18 @@ pub trait Store: Send {
     /// Removes heartbeats (and incarnation lock files) of incarnations that have no record in
     /// `records` and whose heartbeat says it was last written longer than `older_than` ago by
     /// this node's clock: cleaning only (pods of a Deployment come and go under new names), never
-    /// a liveness decision, since an incarnation with no record has no lock to lose.
-    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration);
+    /// a liveness decision, since an incarnation with no record has no lock to lose. With
+    /// `listed_all` (`records` is every record of the store: the listing answered and each record
+    /// parsed), also those the kernel proves gone ([`kernel_proof`](Store::kernel_proof)),
+    /// whatever their age: each restart of a container on a local volume would otherwise leave a
+    /// heartbeat that every later start reads and watches for a day.
+    fn prune_heartbeats(
+        &self,
+        records: &[Record],
+        me: &Owner,
+        older_than: Duration,
+        listed_all: bool,
+    );
 
     /// Takes this incarnation's lock file (`owners/<name>.<incarnation>.lock`) with an exclusive
     /// flock, kept for the life of the process, and returns a descriptor of it (close-on-exec)
@@ -211,21 +221,49 @@ pub trait Store: Send {
     /// warns about the files left alone; returns the parsed records. Never fails: a problem with
     /// one record is that record's warning.
     fn sweep(&self) -> Vec<(RecordId, Record)> {
+        self.sweep_listed().0
+    }
+
+    /// [`sweep`](Store::sweep), and whether the records returned are all the store holds: false
+    /// when the listing got no answer or a record was left unread (unreadable, of a newer format,
+    /// left alone), since that record's owner is unknown.
+    fn sweep_listed(&self) -> (Vec<(RecordId, Record)>, bool) {
         let mut out = Vec::new();
+        let mut listed_all = true;
         for f in self.list() {
             match f {
                 Found::Record(p, r) => out.push((p, *r)),
                 Found::Corrupt(p, problem) => set_aside_corrupt(self, &p, &problem),
-                Found::Future(p, v) => tracing::warn!(
-                    file = %p, version = v, this_version = FORMAT,
-                    "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
-                ),
-                Found::Unreadable(p, e) => warn_unreadable(&p, &e),
-                Found::LeftAlone(p, why) => warn_left_alone(&p, &why),
-                Found::Unlisted(why) => warn_unlisted(&self.location(), &why),
+                Found::Future(p, v) => {
+                    listed_all = false;
+                    tracing::warn!(
+                        file = %p, version = v, this_version = FORMAT,
+                        "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
+                    )
+                }
+                Found::Unreadable(p, e) => {
+                    listed_all = false;
+                    warn_unreadable(&p, &e)
+                }
+                Found::LeftAlone(p, why) => {
+                    listed_all = false;
+                    warn_left_alone(&p, &why)
+                }
+                Found::Unlisted(why) => {
+                    listed_all = false;
+                    warn_unlisted(&self.location(), &why)
+                }
             }
         }
-        out
+        (out, listed_all)
+    }
+
+    /// The opening's cleaning: [`sweep_listed`](Store::sweep_listed), then
+    /// [`prune_heartbeats`](Store::prune_heartbeats) of the incarnations without a record.
+    fn tidy(&self, me: &Owner, older_than: Duration) {
+        let (swept, listed_all) = self.sweep_listed();
+        let records: Vec<Record> = swept.into_iter().map(|(_, r)| r).collect();
+        self.prune_heartbeats(&records, me, older_than, listed_all);
     }
 }
 

@@ -359,8 +359,9 @@ impl Store for KubeStore {
 
     /// Deletes the heartbeat Leases of incarnations with no record in `records` whose heartbeat
     /// was last written longer than `older_than` ago, each only as read (a precondition on its
-    /// `resourceVersion`: one renewed since stays).
-    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration) {
+    /// `resourceVersion`: one renewed since stays). No kernel proves a Lease's writer gone:
+    /// `listed_all` changes nothing here.
+    fn prune_heartbeats(&self, records: &[Record], me: &Owner, older_than: Duration, _: bool) {
         let Ok(list) = self.list_leases(&layout::selector(Kind::Heartbeat)) else {
             return;
         };

@@ -225,3 +225,58 @@ fn signals_only_the_init_s_own_io_can_raise_are_not_forwarded() {
         }
     }
 }
+
+/// The `seq` of the one heartbeat in `state`/owners (the init's own), once there is one.
+fn beat_seq(state: &std::path::Path) -> Option<u64> {
+    let dir = std::fs::read_dir(state.join("owners")).ok()?;
+    let file = dir
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))?;
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(file).ok()?).ok()?;
+    v["seq"].as_u64()
+}
+
+/// A wake-up that only forwarded signals leaves the timers to their own wake-up
+/// (src/init/event_loop.rs), and that one still comes however many signals arrive between:
+/// during a storm of SIGUSR1s (one every 2 ms for 4 s) the heartbeat, a timer every TTL/3 (1 s
+/// here), keeps landing, and the signals keep reaching the controller.
+#[test]
+fn the_heartbeat_goes_on_through_a_storm_of_forwarded_signals() {
+    let tmp = TempDir::new("storm");
+    let state = tmp.join("state");
+    let (init, out, _, _) = start_signals(
+        As::Subreaper,
+        &tmp,
+        &[("TFINIT_OWNER_TTL", "3s")],
+        &["--exit-on", "TERM"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(seq) = beat_seq(&state) {
+            break seq;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat in {}",
+            state.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let storm_end = Instant::now() + Duration::from_secs(4);
+    let mut sent = 0;
+    while Instant::now() < storm_end {
+        init.signal(libc::SIGUSR1);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let after = beat_seq(&state).expect("the heartbeat is still there");
+    assert!(
+        after >= first + 2,
+        "heartbeat seq {first} -> {after} over a 4 s storm of {sent} SIGUSR1s (one beat a second)"
+    );
+    wait_line(&out, "main SIGUSR1");
+    init.signal(libc::SIGTERM);
+    let done = init.wait(SOON);
+    assert_eq!(done.code(), Some(0), "{}", done.stderr);
+}

@@ -24,8 +24,8 @@ impl Init {
             if let Some(code) = self.finished() {
                 self.exit(code);
             }
-            let timeout = self.timeout();
-            let n = match self.wait(&mut events, timeout) {
+            let next_timer = self.next_timer();
+            let n = match self.wait(&mut events, Init::timeout(next_timer)) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
@@ -34,19 +34,23 @@ impl Init {
                     0
                 }
             };
+            let mut only_forwarded = true;
             for ev in &events[..n] {
-                self.dispatch(ev.data(), ev.events());
+                only_forwarded &= self.dispatch(ev.data(), ev.events());
             }
             let now = Instant::now();
-            self.on_timers(now);
-            self.publish(now);
+            if timers_due(only_forwarded, next_timer, now) {
+                self.on_timers(now);
+                self.publish(now);
+            }
         }
     }
 
-    /// Hands one epoll event to the handler of its source.
-    fn dispatch(&mut self, tok: u64, flags: EpollFlags) {
+    /// Hands one epoll event to the handler of its source. True when it only passed signals on
+    /// to the controller (`on_signals`): nothing any concern holds has changed.
+    fn dispatch(&mut self, tok: u64, flags: EpollFlags) -> bool {
         match token::decode(tok) {
-            Source::Signals => self.on_signals(),
+            Source::Signals => return self.on_signals(),
             Source::Listener => self.accept_all(),
             Source::Conn(id) => self.on_conn(id, flags),
             Source::Output(id, stream) => self.on_output(id, stream),
@@ -54,5 +58,42 @@ impl Init {
             Source::Reports => self.on_reports(),
             Source::Unknown(t) => tracing::debug!(token = t, "event for an unknown token"),
         }
+        false
+    }
+}
+
+/// Whether a wake-up acts on the timers and sets the gauges: after any event but a forwarded
+/// signal, or once the nearest timer (`next`, as it was before the wait) is due. A wake-up that
+/// only forwarded signals changed nothing the timers or the gauges read, so they wait for their
+/// own wake-up, as in an idle init: without this, the records' and runs' timers (the recorder's
+/// quiet news taken, waiting runs checked again) were 3,016 of a forward's 5,098 instructions.
+fn timers_due(only_forwarded: bool, next: Option<Instant>, now: Instant) -> bool {
+    !only_forwarded || next.is_some_and(|t| t <= now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timers_due;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_wake_up_that_only_forwarded_signals_leaves_the_timers_until_one_is_due() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        assert!(
+            !timers_due(true, Some(later), now),
+            "forwards only, nothing due"
+        );
+        assert!(
+            !timers_due(true, None, now),
+            "forwards only, no timer at all"
+        );
+        assert!(timers_due(true, Some(now), now), "a timer due now");
+        assert!(
+            timers_due(true, Some(now - Duration::from_millis(1)), now),
+            "one overdue"
+        );
+        assert!(timers_due(false, Some(later), now), "any other event");
+        assert!(timers_due(false, None, now), "any other event, no timer");
     }
 }

@@ -314,15 +314,17 @@ impl Init {
 
     /// Reads every pending signal from the signalfd, several per read(2), until none is left:
     /// a signal that came while we forwarded the last (the woken controller often runs first)
-    /// is taken here, without another trip through epoll_wait and the loop's timers.
-    pub(super) fn on_signals(&mut self) {
+    /// is taken here, without another trip through epoll_wait and the loop's timers. True when
+    /// each one was only passed on (see [`Self::on_signal`]).
+    pub(super) fn on_signals(&mut self) -> bool {
         let mut batch = sys::SignalBatch::new();
+        let mut only_forwarded = true;
         loop {
             match batch.read(self.sigfd.as_fd()) {
-                Ok(0) => return,
+                Ok(0) => return only_forwarded,
                 Ok(_) => {
                     for (signo, sender) in batch.iter() {
-                        self.on_signal(signo, sender);
+                        only_forwarded &= self.on_signal(signo, sender);
                     }
                 }
                 Err(Errno::EINTR) => continue,
@@ -330,15 +332,20 @@ impl Init {
                     if let Some(held_back) = self.warn.signals.allow(Instant::now()) {
                         tracing::warn!(error = %e, held_back, "reading the signalfd failed");
                     }
-                    return;
+                    return only_forwarded;
                 }
             }
         }
     }
 
-    fn on_signal(&mut self, signo: SigNo, sender: i32) {
+    /// Acts on one signal. True when it was only passed on to the controller (or ignored), as
+    /// no stop signal: nothing the timers, the runs or the records read has changed.
+    fn on_signal(&mut self, signo: SigNo, sender: i32) -> bool {
         match signals::classify(signo) {
-            Incoming::Child => self.reap(),
+            Incoming::Child => {
+                self.reap();
+                false
+            }
             Incoming::Shutdown(s) => {
                 // The kill first, the bookkeeping after: the controller's latency is what the
                 // init does between reading the signal and kill(2), so nothing else runs there.
@@ -355,14 +362,19 @@ impl Init {
                 self.log_forward(s, forwarded);
                 tracing::info!(signal = %signals::name(s), sender, "stop signal received");
                 self.apply(t);
+                false
             }
             Incoming::Forward(s) => {
                 let forwarded = self.forward_now(s);
                 tracing::debug!(signal = %signals::name(s), sender, "signal received");
+                // A rewrite to a stop signal stopped the controller's group (forward_now).
+                let stop = matches!(signals::classify(forwarded.0), Incoming::Shutdown(_));
                 self.log_forward(s, forwarded);
+                !stop
             }
             Incoming::Ignore(s) => {
-                tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded")
+                tracing::debug!(signal = %signals::name(s), "signal raised by our own I/O; not forwarded");
+                true
             }
         }
     }
@@ -454,9 +466,9 @@ impl Init {
         self.take_news();
     }
 
-    /// The epoll timeout: until the nearest timer, or forever.
-    pub(super) fn timeout(&self) -> EpollTimeout {
-        let next = [
+    /// When the nearest timer of any concern is due, if one is set.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        [
             self.timeline.next_wakeup(),
             self.records.next_wakeup(self.runs.table()),
             self.runs.next_wakeup(),
@@ -464,7 +476,11 @@ impl Init {
         ]
         .into_iter()
         .flatten()
-        .min();
+        .min()
+    }
+
+    /// The epoll timeout that wakes the loop at `next` ([`Self::next_timer`]).
+    pub(super) fn timeout(next: Option<Instant>) -> EpollTimeout {
         match next {
             None => EpollTimeout::NONE,
             Some(t) => {

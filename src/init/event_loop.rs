@@ -38,6 +38,11 @@ impl Init {
             for ev in &events[..n] {
                 only_forwarded &= self.dispatch(ev.data(), ev.events());
             }
+            // The controller's exit was the last thing waited for: out now, without this
+            // wake-up's timers and gauges (cold code on the exit's path).
+            if let Some(code) = self.finished() {
+                self.exit(code);
+            }
             let now = Instant::now();
             if timers_due(only_forwarded, next_timer, now) {
                 self.on_timers(now);

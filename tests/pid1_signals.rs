@@ -226,13 +226,10 @@ fn signals_only_the_init_s_own_io_can_raise_are_not_forwarded() {
     }
 }
 
-/// The `seq` of the one heartbeat in `state`/owners (the init's own), once there is one.
+/// The `seq` of the init's heartbeat (owner `pid1-test`, as `pid1_init::launch` names it), once
+/// there is one.
 fn beat_seq(state: &std::path::Path) -> Option<u64> {
-    let dir = std::fs::read_dir(state.join("owners")).ok()?;
-    let file = dir
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "json"))?;
+    let file = common::pods::heartbeat_file(state, "pid1-test")?;
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(file).ok()?).ok()?;
     v["seq"].as_u64()
 }

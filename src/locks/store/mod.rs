@@ -231,28 +231,18 @@ pub trait Store: Send {
         let mut out = Vec::new();
         let mut listed_all = true;
         for f in self.list() {
+            // A record not read (no answer, unreadable, newer, left alone) has an unknown owner.
+            listed_all &= matches!(f, Found::Record(..) | Found::Corrupt(..));
             match f {
                 Found::Record(p, r) => out.push((p, *r)),
                 Found::Corrupt(p, problem) => set_aside_corrupt(self, &p, &problem),
-                Found::Future(p, v) => {
-                    listed_all = false;
-                    tracing::warn!(
-                        file = %p, version = v, this_version = FORMAT,
-                        "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
-                    )
-                }
-                Found::Unreadable(p, e) => {
-                    listed_all = false;
-                    warn_unreadable(&p, &e)
-                }
-                Found::LeftAlone(p, why) => {
-                    listed_all = false;
-                    warn_left_alone(&p, &why)
-                }
-                Found::Unlisted(why) => {
-                    listed_all = false;
-                    warn_unlisted(&self.location(), &why)
-                }
+                Found::Future(p, v) => tracing::warn!(
+                    file = %p, version = v, this_version = FORMAT,
+                    "lock-owner record of a newer tfinit format is left alone; upgrade this tfinit, or recover that lock with the newer one"
+                ),
+                Found::Unreadable(p, e) => warn_unreadable(&p, &e),
+                Found::LeftAlone(p, why) => warn_left_alone(&p, &why),
+                Found::Unlisted(why) => warn_unlisted(&self.location(), &why),
             }
         }
         (out, listed_all)

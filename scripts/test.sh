@@ -15,16 +15,22 @@ START=$SECONDS
 # Each step's header says when it began (seconds since the start): where the 10 minutes go.
 step() { printf '\n== %s (at %ds)\n' "$*" $((SECONDS - START)); }
 
-# Two pairs of steps overlap, each a waiting one beside a computing one (2 cores): the test
-# dependencies (downloads and installs) beside format, lint and the release build; the fuzz
-# targets' build (unoptimised, at nice 10) beside the integration tests (which mostly wait on
-# processes). Each background job's output is printed, in order, once it is waited for.
+# Background jobs beside the steps that compute (2 cores): the test dependencies (downloads and
+# installs) beside format, lint and the release build; the fuzz targets' build (unoptimised, at
+# nice 10: it takes what the others leave) from the start, through the integration tests. The
+# release build's last minute (one codegen unit, fat LTO) uses one core: the fuzz build takes
+# the other there. Each background job's output is printed, in order, once it is waited for.
 mkdir -p target
 # A failed step ends the script: its background jobs end with it.
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-step "test dependencies (in the background) beside rustfmt --check, clippy -D warnings, module cycles and the static release build"
+step "test dependencies and the fuzz targets' build (in the background) beside rustfmt --check, clippy -D warnings, module cycles and the static release build"
 scripts/install-test-deps.sh >target/test-deps.log 2>&1 &
 deps=$!
+fuzz=""
+if [ -x scripts/fuzz.sh ]; then
+    FUZZ_DEV=1 nice -n 10 scripts/fuzz.sh build >target/fuzz-build.log 2>&1 &
+    fuzz=$!
+fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
@@ -41,13 +47,7 @@ if [ "$deps_ok" != 0 ]; then
     exit 1
 fi
 
-fuzz=""
-if [ -x scripts/fuzz.sh ]; then
-    FUZZ_DEV=1 nice -n 10 scripts/fuzz.sh build >target/fuzz-build.log 2>&1 &
-    fuzz=$!
-fi
-
-step "unit and integration tests (groups of test binaries in parallel: scripts/test-parallel.sh; the fuzz targets build beside them)"
+step "unit and integration tests (groups of test binaries in parallel: scripts/test-parallel.sh; the fuzz targets' build goes on beside them)"
 scripts/test-parallel.sh
 
 step "signal-state tests again under nohup, stdin from /dev/null (SIGHUP inherited as ignored)"

@@ -489,6 +489,18 @@ fn controller(args: &[String]) -> ExitCode {
 fn fake_terraform(args: &[String]) -> ExitCode {
     let env = |k: &str| std::env::var(k).ok();
     let log = env("FAKE_TF_LOG");
+    // The handlers before the `pid` line: tests wait for that line, then signal us. Written
+    // first, a SIGTERM sent in between under load took the default action (the process died
+    // without `stopped-gracefully`: shim_protocol's abandoned-run test failed so in a CI-like run).
+    let on_term = env("FAKE_TF_ON_TERM").unwrap_or_default();
+    match on_term.as_str() {
+        "ignore" => {
+            // SAFETY: SIG_IGN installs no code of ours.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+        }
+        "graceful" => install_recorders(&[libc::SIGTERM, libc::SIGINT]),
+        _ => {}
+    }
     if let Some(l) = &log {
         append(
             l,
@@ -499,15 +511,6 @@ fn fake_terraform(args: &[String]) -> ExitCode {
                 args.join(" ")
             ),
         );
-    }
-    let on_term = env("FAKE_TF_ON_TERM").unwrap_or_default();
-    match on_term.as_str() {
-        "ignore" => {
-            // SAFETY: SIG_IGN installs no code of ours.
-            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
-        }
-        "graceful" => install_recorders(&[libc::SIGTERM, libc::SIGINT]),
-        _ => {}
     }
     if env("FAKE_TF_STDIN").is_some() {
         let mut s = String::new();

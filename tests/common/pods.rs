@@ -530,8 +530,13 @@ pub fn wrapped_terraform(ws: &Path) -> Option<nix::unistd::Pid> {
             return None;
         }
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.to_string();
-        (comm(&ppid).trim() == "terraform")
+        let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+        let ppid = fields.nth(1)?.to_string();
+        // A worker is a Go program running (several threads), not a child terraform forked and
+        // has yet to exec (a provider, local-exec's shell): one thread, terraform's name and
+        // cwd. Under load a scan caught one (kubernetes.rs, single-process shape, 2026-12-06).
+        let threads: u32 = fields.nth(15)?.parse().ok()?; // field 20, num_threads
+        (threads > 1 && comm(&ppid).trim() == "terraform")
             .then(|| nix::unistd::Pid::from_raw(pid.parse().unwrap()))
     })
 }

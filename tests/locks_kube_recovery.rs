@@ -88,6 +88,11 @@ fn a_pod_with_no_volume_killed_mid_apply_is_recovered_through_leases(tf: &Terraf
         .map(parse_rfc3339_ms)
         .unwrap_or_else(|| panic!("pod-b force-unlocked the lock: {log}"));
     let ttl = TTL.as_millis() as u64;
+    eprintln!(
+        "{}: released {} ms after pod-b started (TTL {ttl} ms)",
+        tf.version(),
+        released.saturating_sub(b_started)
+    );
     assert!(
         released >= b_started + ttl,
         "released before pod-b could know pod-a dead: {} ms after pod-b started; {tries:?}",

@@ -58,7 +58,8 @@ pub(super) fn run_terraform(
         }
         s
     });
-    let deadline = Instant::now() + TERRAFORM_TIMEOUT;
+    let started = Instant::now();
+    let deadline = started + TERRAFORM_TIMEOUT;
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break s,
@@ -77,6 +78,11 @@ pub(super) fn run_terraform(
     };
     let mut combined = reader.join().unwrap_or_default();
     combined.extend_from_slice(&err_reader.join().unwrap_or_default());
+    // How long a probe or unlock took: with the watch, the recovery's whole latency.
+    tracing::debug!(
+        args = %args.join(" "), exit = %status, seconds = started.elapsed().as_secs_f64(),
+        "terraform for the recovery finished"
+    );
     Ok((
         status.success(),
         String::from_utf8_lossy(&combined).into_owned(),

@@ -237,7 +237,8 @@ fn beat_seq(state: &std::path::Path) -> Option<u64> {
 /// A wake-up that only forwarded signals leaves the timers to their own wake-up
 /// (src/init/event_loop.rs), and that one still comes however many signals arrive between:
 /// during a storm of SIGUSR1s (one every 2 ms for 4 s) the heartbeat, a timer every TTL/3 (1 s
-/// here), keeps landing, and the signals keep reaching the controller.
+/// here), keeps landing, and the signals keep reaching the controller; afterwards the loop
+/// sleeps between its timers again.
 #[test]
 fn the_heartbeat_goes_on_through_a_storm_of_forwarded_signals() {
     let tmp = TempDir::new("storm");
@@ -273,7 +274,36 @@ fn the_heartbeat_goes_on_through_a_storm_of_forwarded_signals() {
         "heartbeat seq {first} -> {after} over a 4 s storm of {sent} SIGUSR1s (one beat a second)"
     );
     wait_line(&out, "main SIGUSR1");
+    // And the loop sleeps again between its timers: one that kept a timer gone by (the nearest
+    // timer not computed again) would wake every millisecond, or spin.
+    let pid = init.pid();
+    let (switches, ticks) = loop_activity(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let (switches_after, ticks_after) = loop_activity(pid);
+    let (woke, cpu) = (switches_after - switches, ticks_after - ticks);
+    eprintln!("after the storm: {woke} wake-ups, {cpu} ticks in 2 s");
+    assert!(
+        woke < 100 && cpu < 20,
+        "after the storm the loop woke {woke} times and ran {cpu} clock ticks in 2 s (timers every second)"
+    );
     init.signal(libc::SIGTERM);
     let done = init.wait(SOON);
     assert_eq!(done.code(), Some(0), "{}", done.stderr);
+}
+
+/// The loop thread's (the init's main thread) context switches, voluntary and not, and its CPU
+/// time in clock ticks (user + system), from /proc.
+fn loop_activity(pid: i32) -> (u64, u64) {
+    let task = format!("/proc/{pid}/task/{pid}");
+    let status = std::fs::read_to_string(format!("{task}/status")).expect("the init's status");
+    let switches = status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        .sum();
+    let stat = std::fs::read_to_string(format!("{task}/stat")).expect("the init's stat");
+    // Fields after the command's closing parenthesis: state is the first, utime the 12th.
+    let mut rest = stat.rsplit_once(')').unwrap().1.split_whitespace().skip(11);
+    let mut tick = || rest.next().unwrap().parse::<u64>().unwrap();
+    (switches, tick() + tick())
 }

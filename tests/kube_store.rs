@@ -481,6 +481,47 @@ fn a_recovery_lease_that_cannot_be_renewed_is_no_longer_surely_held() {
     drop(held);
 }
 
+/// The recovery Lease is surely held for 2/3 of its duration after its create was *sent*: the
+/// server may store it long before the answer comes back, and a waiter counts from when it
+/// first sees it. With the create's answer 1.5 s late and no renewal landing, the holder knows
+/// by 2 s after it asked that it may no longer act; counted from the answer it would believe
+/// itself the holder until 3.5 s, after a waiter may have taken the Lease (3 s).
+#[test]
+fn a_recovery_lease_whose_create_was_answered_late_is_counted_from_the_request() {
+    if !have_deps() {
+        return;
+    }
+    let c = Cluster::start("kstore-late");
+    let a = store(&c, &Owner::current("pod-a", None));
+    c.api.faults(json!({
+        "late": {"create leases": {"ms": 1500, "times": 1}},
+        "stall": ["update leases"],
+    }));
+    let asked_first = Instant::now();
+    let held = a.lock_recovery(Duration::from_secs(1)).unwrap();
+    assert!(
+        asked_first.elapsed() >= Duration::from_millis(1500),
+        "the create's answer came late"
+    );
+    // As in the test above, each "held" is read against the time taken before the question.
+    let limit = asked_first + TTL * 2 / 3;
+    loop {
+        let asked = Instant::now();
+        if !held.held() {
+            break;
+        }
+        assert!(
+            asked <= limit,
+            "still held {:?} after the create was sent (2/3 of the duration: {:?})",
+            asked - asked_first,
+            TTL * 2 / 3
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.api.faults(json!({}));
+    drop(held);
+}
+
 #[test]
 fn a_batch_of_record_writes_is_in_flight_together_and_nothing_of_it_is_lost() {
     if !have_deps() {

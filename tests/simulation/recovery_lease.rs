@@ -61,18 +61,31 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
     let holder = format!("{me}/recovery-{tag:08x}");
     let ttl_ms = stated(ttl);
     let mut seen: Option<(u64, Instant)> = None;
+    // When the first create whose outcome is unknown was sent (recovery.rs `unknown_since`).
+    let mut unknown_since: Option<Instant> = None;
     loop {
         let mine = Body::Recovery {
             holder: holder.clone(),
             ttl_ms,
         };
+        // The hold counts from the sending (recovery.rs `sent`).
+        let sent = mono(sim, node);
         let created = retried(sim, node, Verb::Create, Some(RECOVERY), move |w| {
             w.api.create(RECOVERY, mine.clone())
         })
         .await;
         let found = match created {
-            Ok(o) => return hold(sim, h, node, holder, ttl_ms, o.rv, o.uid),
-            Err(Error::AlreadyExists { .. } | Error::AnswerLost { .. } | Error::Timeout { .. }) => {
+            Ok(o) => {
+                let since = unknown_since.unwrap_or(sent);
+                return hold(sim, h, (holder, ttl_ms, since), o.rv, o.uid);
+            }
+            Err(
+                e
+                @ (Error::AlreadyExists { .. } | Error::AnswerLost { .. } | Error::Timeout { .. }),
+            ) => {
+                if !matches!(e, Error::AlreadyExists { .. }) {
+                    unknown_since.get_or_insert(sent);
+                }
                 match retried(sim, node, Verb::Get, Some(RECOVERY), |w| {
                     w.api.get(RECOVERY)
                 })
@@ -90,8 +103,9 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
             _ => (String::new(), 1000),
         };
         if their == holder {
-            // Our own create, whose answer was lost.
-            return hold(sim, h, node, holder, ttl_ms, found.rv, found.uid);
+            // Our own create, whose answer was lost: stored at the earliest when it was sent.
+            let since = unknown_since.unwrap_or(sent);
+            return hold(sim, h, (holder, ttl_ms, since), found.rv, found.uid);
         }
         let now = mono(sim, node);
         match seen {
@@ -123,10 +137,17 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
     }
 }
 
-/// The Lease is helper `h`'s: its fence from now, its renewer started.
-fn hold(sim: &Sim, h: usize, node: usize, holder: String, ttl_ms: Ms, rv: u64, uid: u64) -> bool {
+/// The Lease (`holder`, stating `ttl_ms`, its create sent at `sent` or earlier) is helper `h`'s:
+/// its fence from the sending, its renewer started.
+fn hold(
+    sim: &Sim,
+    h: usize,
+    (holder, ttl_ms, sent): (String, Ms, Instant),
+    rv: u64,
+    uid: u64,
+) -> bool {
     sim.with(|w| {
-        let fence = Arc::new(Mutex::new(w.mono(node) + fenced(ttl_ms)));
+        let fence = Arc::new(Mutex::new(sent + fenced(ttl_ms)));
         w.log(|| format!("helper {h} holds the recovery Lease as {holder}"));
         w.rights.insert(
             h,

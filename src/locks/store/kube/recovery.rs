@@ -43,11 +43,23 @@ pub(super) fn take(
     let ttl_ms = ttl.as_millis() as u64;
     // The version of the Lease last seen, and when it was first seen (this process's clock).
     let mut seen: Option<(String, Instant)> = None;
+    // When the first create whose outcome is unknown (its answer lost, or none in time) was
+    // sent: if the Lease turns out ours, it may have been stored as early as that.
+    let mut unknown_since: Option<Instant> = None;
     loop {
         let mine = recovery_lease(&holder, ttl_ms, None);
+        // A waiter counts from when it first sees the Lease, which may be as soon as the server
+        // stored it, long before its answer reaches us: the hold counts from the sending.
+        let sent = Instant::now();
         let found = match retried(&|| client.create(&mine)) {
-            Ok(l) => return Ok(hold(client, holder, ttl, l)),
-            Err(Error::AlreadyExists { .. } | Error::AnswerLost { .. } | Error::Timeout { .. }) => {
+            Ok(l) => return Ok(hold(client, holder, ttl, l, unknown_since.unwrap_or(sent))),
+            Err(
+                e
+                @ (Error::AlreadyExists { .. } | Error::AnswerLost { .. } | Error::Timeout { .. }),
+            ) => {
+                if !matches!(e, Error::AlreadyExists { .. }) {
+                    unknown_since.get_or_insert(sent);
+                }
                 match retried(&|| client.get(RECOVERY_NAME)) {
                     Ok(l) => l,
                     Err(Error::NotFound { .. }) => continue,
@@ -57,8 +69,9 @@ pub(super) fn take(
             Err(e) => return Err(io_error(e)),
         };
         if found.spec.holder_identity.as_deref() == Some(holder.as_str()) {
-            // Our own create, whose answer was lost.
-            return Ok(hold(client, holder, ttl, found));
+            // Our own create, whose answer was lost: stored at the earliest when it was sent.
+            let since = unknown_since.unwrap_or(sent);
+            return Ok(hold(client, holder, ttl, found, since));
         }
         let version = found.metadata.resource_version.clone().unwrap_or_default();
         let stated = Duration::from_secs(
@@ -115,12 +128,20 @@ impl Drop for Held {
     }
 }
 
-fn hold(client: &Arc<Client>, holder: String, ttl: Duration, lease: Lease) -> RecoveryLock {
+/// Holds `lease`, created by a request sent at `sent` (or earlier).
+fn hold(
+    client: &Arc<Client>,
+    holder: String,
+    ttl: Duration,
+    lease: Lease,
+    sent: Instant,
+) -> RecoveryLock {
     let client = Arc::clone(client);
     let every = (ttl / 3).max(Duration::from_millis(100));
     let ttl_ms = ttl.as_millis() as u64;
-    // Sure for 2/3 of the duration after the create was sent (conservatively: now, after it).
-    let fence = Arc::new(Mutex::new(Instant::now() + fenced(ttl)));
+    // Sure for 2/3 of the duration after the create was sent, not after its answer came: a
+    // waiter may have first seen the Lease as soon as it was stored.
+    let fence = Arc::new(Mutex::new(sent + fenced(ttl)));
     let (stop, stopped) = mpsc::channel::<()>();
     let renewed = Arc::clone(&fence);
     let renewer = thread::Builder::new()

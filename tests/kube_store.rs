@@ -460,25 +460,31 @@ fn a_recovery_lease_that_cannot_be_renewed_is_no_longer_surely_held() {
         std::thread::sleep(Duration::from_millis(5));
     }
     c.api.faults(json!({"stall": ["update leases"]}));
-    // The time is read before each question, so an answer "held" came at that time or later:
-    // this test's own lateness under load (a poll that wakes late) cannot fail it.
-    let start = Instant::now();
-    let limit = start + TTL * 2 / 3;
+    held_at_most_two_thirds(Instant::now(), "the renewals stopped landing", || {
+        held.held()
+    });
+    c.api.faults(json!({}));
+    drop(held);
+}
+
+/// Asks `held` until it says no, which must be by 2/3 of the duration after `since` (`what`
+/// happened then). The time is read before each question, so an answer "held" came at that
+/// time or later: this test's own lateness under load (a poll that wakes late) cannot fail it.
+fn held_at_most_two_thirds(since: Instant, what: &str, held: impl Fn() -> bool) {
+    let limit = since + TTL * 2 / 3;
     loop {
         let asked = Instant::now();
-        if !held.held() {
-            break;
+        if !held() {
+            return;
         }
         assert!(
             asked <= limit,
-            "still held {:?} after the renewals stopped landing (2/3 of the duration: {:?})",
-            asked - start,
+            "still held {:?} after {what} (2/3 of the duration: {:?})",
+            asked - since,
             TTL * 2 / 3
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    c.api.faults(json!({}));
-    drop(held);
 }
 
 /// The recovery Lease is surely held for 2/3 of its duration after its create was *sent*: the
@@ -503,21 +509,7 @@ fn a_recovery_lease_whose_create_was_answered_late_is_counted_from_the_request()
         asked_first.elapsed() >= Duration::from_millis(1500),
         "the create's answer came late"
     );
-    // As in the test above, each "held" is read against the time taken before the question.
-    let limit = asked_first + TTL * 2 / 3;
-    loop {
-        let asked = Instant::now();
-        if !held.held() {
-            break;
-        }
-        assert!(
-            asked <= limit,
-            "still held {:?} after the create was sent (2/3 of the duration: {:?})",
-            asked - asked_first,
-            TTL * 2 / 3
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    held_at_most_two_thirds(asked_first, "the create was sent", || held.held());
     c.api.faults(json!({}));
     drop(held);
 }

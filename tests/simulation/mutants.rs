@@ -57,10 +57,12 @@ mutant!(
     3_000,
     "Safety(UnlockRace)"
 );
+// Its own focus since 2026-12-06 too: 17 schedules in 20,000 of Crowd have its violation,
+// 122 of OwnLock.
 mutant!(
     mutant_live_on_host,
     Guard::LiveOnHost,
-    Focus::Crowd,
+    Focus::OwnLock,
     3_000,
     "Safety(SameWho)" | "Safety(OwnUnrecorded)" | "Safety(SameState)"
 );
@@ -85,10 +87,13 @@ mutant!(
     1_000,
     "DeadVerdict (judged by a TTL shorter than the owner's)" | "Safety(OwnersTtl)"
 );
+// Its own focus since 2026-12-06: under Crowd its first seed was 155, but one API read less in
+// the recovery (an optimisation that changes no decision) moved it to 4,092, past the budget:
+// 12 schedules in 20,000 of Crowd have its violation, 101 of OwnLock.
 mutant!(
     mutant_live_runs,
     Guard::LiveRuns,
-    Focus::Crowd,
+    Focus::OwnLock,
     3_000,
     "Safety(InitsLiveRun)" | "Safety(SameState)"
 );

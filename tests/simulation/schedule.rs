@@ -76,6 +76,10 @@ pub enum Focus {
     /// The Lease store with an API that does not answer for a while, the whole API's or one
     /// node's (reads and writes time out), and nothing else.
     Unanswered,
+    /// [`Focus::Crowd`] whose node faults all fail writes: a run of an init OOM-killed, its
+    /// record's removal failing, and a new run of the same init on the state while the record
+    /// waits for the next recovery (what the init's live runs handed to a helper are for).
+    OwnLock,
     /// [`Focus::Crowd`] on the Lease store, one node's writes refused for a while (429): a
     /// helper's renewals of the recovery Lease fail while its reads work, and another helper
     /// takes the Lease (what `RecoveryLock::held` is for).
@@ -164,7 +168,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         Focus::Wording => {
             (tf_mode, progress_forced) = (1, true);
         }
-        Focus::Crowd => {
+        Focus::Crowd | Focus::OwnLock => {
             // One node's mount failing for a while: its runs start without a record (today's
             // init writes one before every run its store can take one for, and the model of its
             // loop once started runs without one where the real code writes it; issue 25).
@@ -200,12 +204,12 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         _ => {}
     }
     let lost_replies = lost_replies || o.focus == Focus::Leases;
-    let crowd_like = matches!(o.focus, Focus::Crowd | Focus::LeaseCrowd);
+    let crowd_like = matches!(o.focus, Focus::Crowd | Focus::OwnLock | Focus::LeaseCrowd);
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
     let n_dirs = match (aliases, o.focus) {
-        (_, Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd) => 1,
+        (_, Focus::Crowd | Focus::OwnLock | Focus::Unanswered | Focus::LeaseCrowd) => 1,
         (true, _) => r.range(2, 3) as u8,
         (false, _) => r.range(1, 2) as u8,
     };
@@ -344,7 +348,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let pods_now = w.pods.len();
     let crowd = matches!(
         o.focus,
-        Focus::Crowd | Focus::Unanswered | Focus::LeaseCrowd
+        Focus::Crowd | Focus::OwnLock | Focus::Unanswered | Focus::LeaseCrowd
     );
     let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
@@ -385,7 +389,12 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if ooms {
-        for _ in 0..r.range(1, 3) {
+        let (fewest, most) = if o.focus == Focus::OwnLock {
+            (3, 8)
+        } else {
+            (1, 3)
+        };
+        for _ in 0..r.range(fewest, most) {
             env.push((r.range(ttl / 2, horizon), EnvEv::Oom(r.pick(pods_now))));
         }
     }
@@ -413,7 +422,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         let kind = match r.below(100) {
             _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
             _ if o.focus == Focus::Unanswered => FaultKind::Slow,
-            _ if o.focus == Focus::LeaseCrowd => FaultKind::FailWrites,
+            _ if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock) => FaultKind::FailWrites,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -447,7 +456,11 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if node_faults {
-        let most = if o.focus == Focus::LeaseCrowd { 6 } else { 2 };
+        let most = if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock) {
+            6
+        } else {
+            2
+        };
         for _ in 0..r.range(1, most) {
             let n = r.pick(n_nodes);
             fault(&mut w, &mut r, Some(n));

@@ -208,7 +208,7 @@ fn task(sim: std::rc::Rc<Sim>, what: Spawn) -> Task {
 }
 
 /// Each focus by its name in TFINIT_SIM_FOCUS.
-const FOCI: [(Focus, &str); 15] = [
+const FOCI: [(Focus, &str); 16] = [
     (Focus::Skew, "skew"),
     (Focus::StaleRecord, "stale-record"),
     (Focus::SharedName, "shared-name"),
@@ -221,6 +221,7 @@ const FOCI: [(Focus, &str); 15] = [
     (Focus::Invisible, "invisible"),
     (Focus::Crowd, "crowd"),
     (Focus::OwnLock, "own-lock"),
+    (Focus::Race, "race"),
     (Focus::Leases, "leases"),
     (Focus::Unanswered, "unanswered"),
     (Focus::LeaseCrowd, "lease-crowd"),

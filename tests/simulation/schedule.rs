@@ -80,6 +80,9 @@ pub enum Focus {
     /// record's removal failing, and a new run of the same init on the state while the record
     /// waits for the next recovery (what the init's live runs handed to a helper are for).
     OwnLock,
+    /// [`Focus::OwnLock`] with five pods: more helpers at one dead lock at once (what
+    /// `recover.lock` is for).
+    Race,
     /// [`Focus::Crowd`] on the Lease store, one node's writes refused for a while (429): a
     /// helper's renewals of the recovery Lease fail while its reads work, and another helper
     /// takes the Lease (what `RecoveryLock::held` is for).
@@ -168,7 +171,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         Focus::Wording => {
             (tf_mode, progress_forced) = (1, true);
         }
-        Focus::Crowd | Focus::OwnLock => {
+        Focus::Crowd | Focus::OwnLock | Focus::Race => {
             // One node's mount failing for a while: its runs start without a record (today's
             // init writes one before every run its store can take one for, and the model of its
             // loop once started runs without one where the real code writes it; issue 25).
@@ -204,12 +207,18 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         _ => {}
     }
     let lost_replies = lost_replies || o.focus == Focus::Leases;
-    let crowd_like = matches!(o.focus, Focus::Crowd | Focus::OwnLock | Focus::LeaseCrowd);
+    let crowd_like = matches!(
+        o.focus,
+        Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::LeaseCrowd
+    );
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
     let n_dirs = match (aliases, o.focus) {
-        (_, Focus::Crowd | Focus::OwnLock | Focus::Unanswered | Focus::LeaseCrowd) => 1,
+        (
+            _,
+            Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::Unanswered | Focus::LeaseCrowd,
+        ) => 1,
         (true, _) => r.range(2, 3) as u8,
         (false, _) => r.range(1, 2) as u8,
     };
@@ -296,7 +305,9 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         });
     }
     let mut env: Vec<(Ms, EnvEv)> = Vec::new();
-    let n_pods = if crowd_like {
+    let n_pods = if o.focus == Focus::Race {
+        5
+    } else if crowd_like {
         3
     } else {
         r.range(2, 3) as usize
@@ -348,7 +359,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
     let pods_now = w.pods.len();
     let crowd = matches!(
         o.focus,
-        Focus::Crowd | Focus::OwnLock | Focus::Unanswered | Focus::LeaseCrowd
+        Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::Unanswered | Focus::LeaseCrowd
     );
     let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
@@ -389,7 +400,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if ooms {
-        let (fewest, most) = if o.focus == Focus::OwnLock {
+        let (fewest, most) = if matches!(o.focus, Focus::OwnLock | Focus::Race) {
             (3, 8)
         } else {
             (1, 3)
@@ -422,7 +433,9 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         let kind = match r.below(100) {
             _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
             _ if o.focus == Focus::Unanswered => FaultKind::Slow,
-            _ if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock) => FaultKind::FailWrites,
+            _ if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock | Focus::Race) => {
+                FaultKind::FailWrites
+            }
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -456,7 +469,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if node_faults {
-        let most = if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock) {
+        let most = if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock | Focus::Race) {
             6
         } else {
             2

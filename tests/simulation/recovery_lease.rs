@@ -77,7 +77,7 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
         let found = match created {
             Ok(o) => {
                 let since = unknown_since.unwrap_or(sent);
-                return hold(sim, h, (holder, ttl_ms, since), o.rv, o.uid);
+                return hold(sim, h, holder, ttl_ms, since, o.rv, o.uid);
             }
             Err(
                 e
@@ -105,7 +105,7 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
         if their == holder {
             // Our own create, whose answer was lost: stored at the earliest when it was sent.
             let since = unknown_since.unwrap_or(sent);
-            return hold(sim, h, (holder, ttl_ms, since), found.rv, found.uid);
+            return hold(sim, h, holder, ttl_ms, since, found.rv, found.uid);
         }
         let now = mono(sim, node);
         match seen {
@@ -139,13 +139,7 @@ pub async fn take(sim: &Sim, h: usize, node: usize, me: &str, ttl: Duration, wai
 
 /// The Lease (`holder`, stating `ttl_ms`, its create sent at `sent` or earlier) is helper `h`'s:
 /// its fence from the sending, its renewer started.
-fn hold(
-    sim: &Sim,
-    h: usize,
-    (holder, ttl_ms, sent): (String, Ms, Instant),
-    rv: u64,
-    uid: u64,
-) -> bool {
+fn hold(sim: &Sim, h: usize, holder: String, ttl_ms: Ms, sent: Instant, rv: u64, uid: u64) -> bool {
     sim.with(|w| {
         let fence = Arc::new(Mutex::new(sent + fenced(ttl_ms)));
         w.log(|| format!("helper {h} holds the recovery Lease as {holder}"));

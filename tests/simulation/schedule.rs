@@ -211,16 +211,17 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         o.focus,
         Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::LeaseCrowd
     );
+    // The foci whose node faults all fail writes, several of them.
+    let failing_writes = matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock | Focus::Race);
     let progress = o.progress && new && (progress_forced || r.chance(500));
     // Working directories: with aliases, a later one may be a symbolic link to an earlier one
     // or name the same backend key; and one's key may come from the environment.
-    let n_dirs = match (aliases, o.focus) {
-        (
-            _,
-            Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::Unanswered | Focus::LeaseCrowd,
-        ) => 1,
-        (true, _) => r.range(2, 3) as u8,
-        (false, _) => r.range(1, 2) as u8,
+    // A crowd: many requests in one directory.
+    let crowd = crowd_like || o.focus == Focus::Unanswered;
+    let n_dirs = match (aliases, crowd) {
+        (_, true) => 1,
+        (true, false) => r.range(2, 3) as u8,
+        (false, false) => r.range(1, 2) as u8,
     };
     let mut dirs: Vec<Dir> = Vec::new();
     for d in 0..n_dirs {
@@ -357,10 +358,6 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     let pods_now = w.pods.len();
-    let crowd = matches!(
-        o.focus,
-        Focus::Crowd | Focus::OwnLock | Focus::Race | Focus::Unanswered | Focus::LeaseCrowd
-    );
     let n_req = (horizon / (ttl / 2)).max(2) * if crowd { 4 } else { 1 };
     for _ in 0..n_req {
         let pod = r.pick(pods_now);
@@ -433,9 +430,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         let kind = match r.below(100) {
             _ if o.focus == Focus::Unanswered && r.chance(500) => FaultKind::Hang,
             _ if o.focus == Focus::Unanswered => FaultKind::Slow,
-            _ if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock | Focus::Race) => {
-                FaultKind::FailWrites
-            }
+            _ if failing_writes => FaultKind::FailWrites,
             _ if o.focus == Focus::LostReply && node.is_none() => FaultKind::LostReply,
             _ if o.focus == Focus::LostReply => FaultKind::FailWrites,
             0..=34 => FaultKind::Hang,
@@ -469,11 +464,7 @@ pub fn build(seed: u64, o: &Opts, anchor: Instant, mask: &Mask) -> World {
         }
     }
     if node_faults {
-        let most = if matches!(o.focus, Focus::LeaseCrowd | Focus::OwnLock | Focus::Race) {
-            6
-        } else {
-            2
-        };
+        let most = if failing_writes { 6 } else { 2 };
         for _ in 0..r.range(1, most) {
             let n = r.pick(n_nodes);
             fault(&mut w, &mut r, Some(n));

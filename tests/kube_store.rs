@@ -439,8 +439,8 @@ fn a_recovery_lease_that_cannot_be_renewed_is_no_longer_surely_held() {
     assert!(held.held(), "renewed every TTL/3");
     // The API stops answering renewals: within 2/3 of the duration after the last one that
     // landed, the holder knows it may no longer act (a waiter takes it only after all of it).
-    // Right after a renewal lands (every TTL/3), the API stops answering them: the last that
-    // landed did so before `start` and at most a few polls earlier, so `start` is a tight bound.
+    // They stop right after one lands (every TTL/3): the time read once the stall is set is
+    // after that last renewal, and at most a few polls after it, so it is a tight bound.
     let renewals = || {
         c.api
             .requests()

@@ -424,20 +424,9 @@ fn rights_removed_mid_apply(name: &str, verbs: &[&str]) -> Option<(KubeWorld, Po
     let a_out = w.tmp.join("pod-a.out");
     wait_for(TTL * 4, "the fence to stop pod-a's run", || {
         if !common::read(&a_out).contains("done") {
-            // pod-a's own lock, or none once its terraform released it on the way out. Another
-            // pod's only once pod-a's init has reaped that terraform: the controller's `done`
-            // comes later (its shim is answered once terraform's output is drained, and the
-            // stopped local-exec's `sleep` may hold the pipes a while), and pod-b may take the
-            // lock in between, as the stamps checked below allow (a CI-like run at 2 cores saw it).
-            if let Some(now) = w.api().lock("default") {
-                if now["ID"] != lock["ID"] {
-                    let a_log = pod_a.log();
-                    assert!(
-                        a_log.contains("terraform exited"),
-                        "pod-a's lock replaced while its run lived: {now} in place of {lock}; {a_log}"
-                    );
-                }
-            }
+            // pod-a's own lock, or none once its terraform released it on the way out; pod-b's
+            // only after pod-a's terraform exited, as the stamps checked below allow.
+            pod_a.assert_its_lock_while_it_runs(w.api().lock("default"), &lock);
             return None;
         }
         Some(())

@@ -262,6 +262,22 @@ impl Pod {
         super::read(&self.log)
     }
 
+    /// While this pod's run (its one terraform) may live, the state lock `now` (None: free)
+    /// is its own `lock`. Another's only once this pod's init has reaped that terraform: the
+    /// controller's `done` comes later (its shim is answered once terraform's output is
+    /// drained, and a stopped local-exec's `sleep` may hold the pipes a while), and another pod
+    /// may take the lock in between (CI-like runs at 2 cores saw it, in kubernetes_leases.rs and
+    /// kubernetes.rs). Whether that other pod force-unlocked anything is the caller's check.
+    pub fn assert_its_lock_while_it_runs(&self, now: Option<Value>, lock: &Value) {
+        if let Some(now) = now.filter(|now| now != lock) {
+            let log = self.log();
+            assert!(
+                log.contains("terraform exited"),
+                "the pod's lock replaced while its run lived: {now} in place of {lock}; {log}"
+            );
+        }
+    }
+
     /// The pod's PID 1 (tfinit), as this process sees it.
     pub fn pid1(&self) -> nix::unistd::Pid {
         let unshare = self.child.id();
